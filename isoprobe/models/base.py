@@ -1,0 +1,139 @@
+"""The base LightningModule every forecaster wrapper derives from.
+
+It owns what is the same for all models: the training/validation/test loop, the optimiser built
+from a Hydra ``_partial_`` config, forecast metrics (accumulated with distributed-safe sums) and
+the mapping of forecasts back to the data's scale. A wrapper provides the model-specific hooks:
+:meth:`loss`, :meth:`forecast`, :meth:`probe_layers`, :meth:`token_mask`, :meth:`probe_forward`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from isoprobe.evaluation import ForecastMetrics
+
+Batch = dict[str, Tensor]
+DEFAULT_QUANTILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Quantile forecasts [B, Q, H] at ``levels``, the median [B, H], optional samples [B, S, H]."""
+
+    quantiles: Tensor
+    levels: tuple[float, ...]
+    median: Tensor
+    samples: Tensor | None = None
+
+    def rescaled(self, loc: Tensor, scale: Tensor) -> Forecast:
+        """The forecast in the data's original units, undoing per-window ``(x - loc) / scale``."""
+
+        def undo(x: Tensor) -> Tensor:
+            shape = (-1,) + (1,) * (x.dim() - 1)
+            return x * scale.view(shape) + loc.view(shape)
+
+        samples = None if self.samples is None else undo(self.samples)
+        return Forecast(undo(self.quantiles), self.levels, undo(self.median), samples)
+
+
+class ForecastModule(L.LightningModule, ABC):
+    """Training loop, optimiser and forecast metrics shared by every forecaster wrapper.
+
+    Args:
+        optimizer: a partially-applied optimiser (Hydra ``_partial_: true``) taking parameters.
+        scheduler: optional partially-applied LR scheduler taking the optimiser.
+        context_length / prediction_length: the windows the data module makes.
+        season_length: seasonal period for MASE's naive scale.
+        quantile_levels: the levels forecasts and WQL use.
+        forecast_on_validation: also forecast (not just compute the loss) on validation batches,
+            so that ``val/nmse``, ``val/mase`` and ``val/wql`` are logged every epoch.
+    """
+
+    def __init__(
+        self,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        context_length: int = 512,
+        prediction_length: int = 64,
+        season_length: int = 1,
+        quantile_levels: Sequence[float] = DEFAULT_QUANTILES,
+        forecast_on_validation: bool = True,
+    ) -> None:
+        super().__init__()
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.context_length = int(context_length)
+        self.prediction_length = int(prediction_length)
+        self.season_length = int(season_length)
+        self.quantile_levels = tuple(float(q) for q in quantile_levels)
+        self.forecast_on_validation = forecast_on_validation
+        self.val_metrics = ForecastMetrics(self.quantile_levels, self.season_length)
+        self.test_metrics = ForecastMetrics(self.quantile_levels, self.season_length)
+
+    @abstractmethod
+    def loss(self, batch: Batch) -> Tensor:
+        """The model's own training objective on a batch of scaled windows."""
+
+    @abstractmethod
+    def forecast(self, batch: Batch) -> Forecast:
+        """Forecasts of ``batch['target']`` from ``batch['context']``, in the batch's scale."""
+
+    @abstractmethod
+    def probe_layers(self) -> dict[str, nn.Module]:
+        """Layer name -> module whose output is that layer's representation [B, T, D]."""
+
+    @abstractmethod
+    def token_mask(self, batch: Batch, layer_name: str) -> Tensor:
+        """Bool [B, T]: positions of ``layer_name``'s output that are real context tokens."""
+
+    def probe_forward(self, batch: Batch) -> None:
+        """The forward pass during which the probe's hooks capture representations."""
+        self.loss(batch)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["context"].shape[0])
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        loss = self.loss(batch)
+        size = batch["context"].shape[0]
+        self.log("val/loss", loss, prog_bar=True, batch_size=size, sync_dist=True)
+        if self.forecast_on_validation:
+            self._update_forecast_metrics(self.val_metrics, batch)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.forecast_on_validation and self.val_metrics.update_count > 0:
+            self._log_forecast_metrics("val", self.val_metrics)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._update_forecast_metrics(self.test_metrics, batch)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_forecast_metrics("test", self.test_metrics)
+
+    def _update_forecast_metrics(self, metrics: ForecastMetrics, batch: Batch) -> None:
+        loc, scale = batch["loc"], batch["scale"]
+        forecast = self.forecast(batch).rescaled(loc, scale)
+        shape = (-1, 1)
+        target = batch["target"] * scale.view(shape) + loc.view(shape)
+        context = batch["context"] * scale.view(shape) + loc.view(shape)
+        metrics.update(forecast.median, forecast.quantiles, target, context)
+
+    def _log_forecast_metrics(self, stage: str, metrics: ForecastMetrics) -> None:
+        values = metrics.compute()
+        self.log_dict({f"{stage}/{name}": value for name, value in values.items()})
+        metrics.reset()
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(params=self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,90 @@
+"""Where a model's weights come from: ``model.checkpoint`` resolution (DESIGN.md).
+
+``checkpoint`` is one of:
+  - ``auto``: the official hub id when it is in the local Hugging Face cache or the hub is
+    reachable, else ``bundled`` with a loud one-line notice (never a silent substitution);
+  - ``bundled``: the small checkpoint this project pretrains and ships inside the package;
+  - ``scratch``: random initialisation from the model's scratch shape;
+  - a local directory in Hugging Face format (``config.json`` + ``model.safetensors``);
+  - any other string: a hub id, which needs the network or the local cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from isoprobe.network import host_reachable
+
+log = logging.getLogger(__name__)
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resolved or does not fit the model."""
+
+
+@dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """``kind`` is ``hub``, ``path``, ``bundled`` or ``scratch``; ``location`` the id or path."""
+
+    kind: str
+    location: str
+    requested: str
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.location}" if self.location else self.kind
+
+
+def hub_cached(hub_id: str) -> bool:
+    """True when ``hub_id``'s config is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
+
+
+def bundled_path(name: str) -> Path:
+    path = BUNDLED_DIR / name
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"the bundled checkpoint {name!r} is missing at {path}. Reinstall isoprobe, or "
+            "recreate it with the pretraining command in the README (task=pretrain)."
+        )
+    return path
+
+
+def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> ResolvedCheckpoint:
+    """Turn ``model.checkpoint`` into a concrete source of weights (see module docstring)."""
+    if checkpoint == "scratch":
+        return ResolvedCheckpoint("scratch", "", checkpoint)
+    if checkpoint == "bundled":
+        return ResolvedCheckpoint("bundled", str(bundled_path(bundled_name)), checkpoint)
+    if checkpoint == "auto":
+        if hub_cached(hub_id) or host_reachable():
+            return ResolvedCheckpoint("hub", hub_id, checkpoint)
+        location = str(bundled_path(bundled_name))
+        log.warning(
+            "model.checkpoint=auto: %s is neither cached nor reachable (offline); "
+            "using the BUNDLED checkpoint %s instead.",
+            hub_id,
+            location,
+        )
+        return ResolvedCheckpoint("bundled", location, checkpoint)
+    path = Path(checkpoint).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(
+                f"model.checkpoint={checkpoint!r} exists but holds no config.json: expected a "
+                "Hugging Face model directory (config.json + model.safetensors). For a Lightning "
+                ".ckpt to resume from, pass ckpt_path= instead."
+            )
+        return ResolvedCheckpoint("path", str(path.resolve()), checkpoint)
+    if hub_cached(checkpoint) or host_reachable():
+        return ResolvedCheckpoint("hub", checkpoint, checkpoint)
+    raise CheckpointError(
+        f"model.checkpoint={checkpoint!r} is not a local directory, and as a hub id it needs the "
+        "network, which is unreachable (and it is not in the Hugging Face cache). Use "
+        "model.checkpoint=bundled to run offline, or a local copy: model.checkpoint=/path/to/dir."
+    )

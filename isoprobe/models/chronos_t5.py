@@ -1,0 +1,171 @@
+"""Chronos-T5 (Ansari et al., 2024) as a :class:`ForecastModule`.
+
+Series are tokenised by chronos-forecasting's own ``MeanScaleUniformBins`` (mean-|x| scaling of
+the context, then uniform bins), the T5 encoder-decoder is trained with token cross-entropy as in
+Chronos' training script, and forecasts are sampled autoregressively and summarised by quantiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from chronos import ChronosConfig
+from torch import Tensor, nn
+from transformers import AutoConfig, GenerationConfig, T5Config, T5ForConditionalGeneration
+
+from isoprobe.models.base import Batch, Forecast, ForecastModule
+from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+class ChronosT5Module(ForecastModule):
+    """Chronos-T5 fine-tuning/pretraining wrapper.
+
+    Args:
+        checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local HF directory | a hub id.
+        hub_id: the official checkpoint ``auto`` prefers when it is cached or reachable.
+        bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
+        scratch_t5: ``T5Config`` fields for ``checkpoint=scratch``.
+        scratch_chronos: ``ChronosConfig`` fields for ``checkpoint=scratch``.
+        num_samples / temperature / top_k / top_p: sampling settings of forecasts.
+        **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str = "auto",
+        hub_id: str = "amazon/chronos-t5-tiny",
+        bundled_name: str = "chronos-t5-mini",
+        scratch_t5: Mapping[str, Any] | None = None,
+        scratch_chronos: Mapping[str, Any] | None = None,
+        num_samples: int = 20,
+        temperature: float = 1.0,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
+        t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
+        self.t5 = t5
+        self.chronos_config = dataclasses.replace(
+            chronos_config,
+            context_length=self.context_length,
+            prediction_length=self.prediction_length,
+            num_samples=num_samples,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        self.tokenizer = self.chronos_config.create_tokenizer()
+        self.embed_tap = nn.Identity()
+        log.info("Chronos-T5 weights: %s", self.resolved_checkpoint.describe())
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """Write the model as a Hugging Face directory that ``checkpoint=<directory>`` loads.
+
+        ``dtype="float16"`` halves the file (the bundled checkpoint); loading casts back to fp32.
+        """
+        self.t5.config.chronos_config = dataclasses.asdict(self.chronos_config)
+        export = copy.deepcopy(self.t5).to(getattr(torch, dtype))
+        export.save_pretrained(directory, safe_serialization=True)
+
+    def _tokenize_context(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+        ids, mask, scale = self.tokenizer.context_input_transform(batch["context"].cpu())
+        return ids.to(self.device), mask.to(self.device), scale
+
+    def _tokenize_target(self, batch: Batch, scale: Tensor) -> tuple[Tensor, Tensor]:
+        labels, mask = self.tokenizer.label_input_transform(batch["target"].cpu(), scale)
+        labels[~mask] = IGNORE_INDEX
+        return labels.to(self.device), mask.to(self.device)
+
+    def loss(self, batch: Batch) -> Tensor:
+        ids, mask, scale = self._tokenize_context(batch)
+        labels, _ = self._tokenize_target(batch, scale)
+        embeds = self.embed_tap(self.t5.get_input_embeddings()(ids))
+        return self.t5(inputs_embeds=embeds, attention_mask=mask, labels=labels).loss
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        ids, mask, scale = self._tokenize_context(batch)
+        horizon, num_samples = self.prediction_length, self.chronos_config.num_samples
+        tokens = self.t5.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=GenerationConfig(
+                min_new_tokens=horizon,
+                max_new_tokens=horizon,
+                do_sample=True,
+                num_return_sequences=num_samples,
+                eos_token_id=self.chronos_config.eos_token_id,
+                pad_token_id=self.chronos_config.pad_token_id,
+                decoder_start_token_id=self.chronos_config.pad_token_id,
+                temperature=self.chronos_config.temperature,
+                top_k=self.chronos_config.top_k,
+                top_p=self.chronos_config.top_p,
+            ),
+        )
+        tokens = tokens[:, 1:].reshape(ids.shape[0], num_samples, horizon)
+        samples = self.tokenizer.output_transform(tokens.cpu(), scale).to(self.device)
+        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
+        quantiles = torch.quantile(samples, levels, dim=1).permute(1, 0, 2)
+        median = torch.quantile(samples, 0.5, dim=1)
+        return Forecast(quantiles, self.quantile_levels, median, samples)
+
+    def probe_layers(self) -> dict[str, nn.Module]:
+        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
+        layers.update({f"encoder.{i}": block for i, block in enumerate(self.t5.encoder.block)})
+        layers.update({f"decoder.{i}": block for i, block in enumerate(self.t5.decoder.block)})
+        return layers
+
+    def token_mask(self, batch: Batch, layer_name: str) -> Tensor:
+        """Real tokens only: observed context values (no EOS, no NaN padding) in the encoder;
+        in the decoder, positions whose input is an observed target value (teacher forcing),
+        i.e. not the start token and not a missing value."""
+        _, context_mask, scale = self._tokenize_context(batch)
+        if layer_name == "embed" or layer_name.startswith("encoder."):
+            mask = context_mask.clone()
+            if self.chronos_config.use_eos_token:
+                mask[:, -1] = False
+            return mask
+        if layer_name.startswith("decoder."):
+            _, target_mask = self._tokenize_target(batch, scale)
+            start = torch.zeros_like(target_mask[:, :1])
+            return torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
+        raise KeyError(f"unknown Chronos-T5 layer {layer_name!r}; known: {list(self.probe_layers())}")
+
+
+def _load(
+    resolved: ResolvedCheckpoint,
+    scratch_t5: Mapping[str, Any] | None,
+    scratch_chronos: Mapping[str, Any] | None,
+) -> tuple[T5ForConditionalGeneration, ChronosConfig]:
+    if resolved.kind == "scratch":
+        if scratch_t5 is None or scratch_chronos is None:
+            raise CheckpointError("model.checkpoint=scratch needs model.scratch_t5 and scratch_chronos")
+        return T5ForConditionalGeneration(T5Config(**scratch_t5)), ChronosConfig(**scratch_chronos)
+    source = resolved.location
+    config = AutoConfig.from_pretrained(source)
+    chronos_fields = getattr(config, "chronos_config", None)
+    if chronos_fields is None or config.model_type != "t5":
+        raise CheckpointError(
+            f"{source} is not a Chronos-T5 checkpoint (model_type={config.model_type!r}, "
+            f"chronos_config {'present' if chronos_fields else 'missing'}). model=chronos loads "
+            "seq2seq Chronos checkpoints such as amazon/chronos-t5-small."
+        )
+    try:
+        t5 = T5ForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
+    except (RuntimeError, ValueError, OSError) as err:
+        raise CheckpointError(
+            f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "
+            "is corrupt or was written for another shape; re-export it or pick another one."
+        ) from err
+    return t5, ChronosConfig(**chronos_fields)

@@ -1,0 +1,130 @@
+"""One entry for every task: build data, model, callbacks, loggers and trainer from the Hydra
+config, run the task (finetune | probe | pretrain) and print where the outputs are."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from isoprobe.callbacks import IsotropyProbe
+from isoprobe.models.base import ForecastModule
+from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
+from isoprobe.tasks.resume import RunIdentity, check_resume_checkpoint
+from isoprobe.tasks.summary import format_summary
+
+log = logging.getLogger(__name__)
+
+TASKS = ("finetune", "probe", "pretrain")
+
+
+def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
+    """The model config with the data module's window lengths and season."""
+    kwargs = OmegaConf.to_container(model_cfg, resolve=True)
+    kwargs.pop("name", None)
+    return instantiate(
+        kwargs,
+        context_length=datamodule.context_length,
+        prediction_length=datamodule.prediction_length,
+        season_length=datamodule.season_length,
+        _convert_="all",
+    )
+
+
+def run_task(cfg: DictConfig) -> dict[str, Any]:
+    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path)."""
+    if cfg.task.name not in TASKS:
+        raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    L.seed_everything(cfg.seed, workers=True)
+    output_dir = Path(cfg.paths.output_dir)
+
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    model = build_model(cfg.model, datamodule)
+    identity = check_resume_checkpoint(cfg.get("ckpt_path"), model)
+    loggers = build_loggers(cfg.get("logger"), identity.get("wandb_ids", {}))
+    resolved = model.resolved_checkpoint.describe()
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if "_target_" in c]
+    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved))
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
+    )
+    run_info = {"resolved_checkpoint": resolved, "data_report": dict(datamodule.report)}
+    for lg in trainer.loggers:
+        lg.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), **run_info})
+
+    try:
+        results = _run(cfg, trainer, model, datamodule)
+        results.update(run_info)
+        _report(trainer, output_dir, results)
+    finally:
+        _finish_wandb()
+    return results
+
+
+def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
+    task, ckpt_path = cfg.task.name, cfg.get("ckpt_path")
+    results: dict[str, Any] = {"task": task}
+    if task == "probe":
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    if cfg.task.evaluate_before and ckpt_path is None:
+        results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+    if task in ("finetune", "pretrain"):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.task.evaluate_after:
+        results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+    if task == "pretrain":
+        results["export_dir"] = _export(cfg, trainer, model)
+    probe = next((c for c in trainer.callbacks if isinstance(c, IsotropyProbe)), None)
+    results["probe_records"] = probe.records if probe is not None else []
+    return results
+
+
+def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:
+    """Write the pretrained weights and how they were made (command, steps, losses)."""
+    export_dir = Path(cfg.task.export_dir)
+    if trainer.is_global_zero:
+        model.export(str(export_dir), cfg.task.get("export_dtype", "float32"))
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        provenance = {
+            "command": "python run.py " + " ".join(sys.argv[1:]),
+            "global_steps": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "final_metrics": metrics,
+            "data": OmegaConf.to_container(cfg.data, resolve=True),
+        }
+        (export_dir / "provenance.json").write_text(json.dumps(provenance, indent=2))
+    return str(export_dir)
+
+
+@rank_zero_only
+def _report(trainer: L.Trainer, output_dir: Path, results: dict[str, Any]) -> None:
+    records = results.get("probe_records", [])
+    serialisable = {k: v for k, v in results.items() if k != "probe_records"}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "summary.json").write_text(json.dumps(serialisable, indent=2, default=str))
+    table = format_summary(records, results.get("before"), results.get("after"))
+    print(f"\nisoprobe {results['task']} finished; weights: {results['resolved_checkpoint']}")
+    print(f"outputs: {output_dir.resolve()}")
+    for name in ("probe_metrics.csv", "probe_trajectories.png", "checkpoints", "summary.json"):
+        if (output_dir / name).exists():
+            print(f"  {output_dir / name}")
+    if "export_dir" in results:
+        print(f"  exported model: {results['export_dir']}")
+    if table:
+        print("\n" + table)
+
+
+def _finish_wandb() -> None:
+    """Close the W&B run so that the next job of a multirun starts a new one."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()

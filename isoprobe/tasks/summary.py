@@ -1,0 +1,71 @@
+"""The short table a run ends with: probe metrics per layer (first vs last epoch) and forecast
+metrics before vs after training."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+SUMMARY_METRICS = ("cos_inter", "cos_cluster_excess", "eff_dim", "isoscore", "partition_ratio")
+FORECAST_METRICS = ("nmse", "mase", "wql")
+
+
+def probe_summary(
+    records: Iterable[Mapping], metrics: tuple[str, ...] = SUMMARY_METRICS
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """layer -> metric -> (value at the first probed epoch, value at the last)."""
+    by_key: dict[tuple[str, str], dict[int, float]] = {}
+    for r in records:
+        if r["metric"] in metrics:
+            by_key.setdefault((r["layer"], r["metric"]), {})[int(r["epoch"])] = float(r["value"])
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for (layer, metric), values in by_key.items():
+        first, last = min(values), max(values)
+        table.setdefault(layer, {})[metric] = (values[first], values[last])
+    return table
+
+
+def probe_epochs(records: Iterable[Mapping]) -> tuple[int, int] | None:
+    epochs = {int(r["epoch"]) for r in records}
+    return (min(epochs), max(epochs)) if epochs else None
+
+
+def _fmt(value: float) -> str:
+    return "nan" if value is None or math.isnan(value) else f"{value:.4g}"
+
+
+def format_summary(
+    records: list[Mapping],
+    before: Mapping[str, float] | None,
+    after: Mapping[str, float] | None,
+    metrics: tuple[str, ...] = SUMMARY_METRICS,
+) -> str:
+    """A plain-text table (monospace) of :func:`probe_summary` and the forecast metrics."""
+    lines: list[str] = []
+    epochs = probe_epochs(records)
+    if epochs is not None:
+        table = probe_summary(records, metrics)
+        shown = [m for m in metrics if any(m in row for row in table.values())]
+        lines.append(f"probe metrics per layer, epoch {epochs[0]} -> epoch {epochs[1]}:")
+        header = f"{'layer':<12}" + "".join(f"{m:>26}" for m in shown)
+        lines.append(header)
+        for layer in sorted(table, key=_layer_order):
+            cells = []
+            for m in shown:
+                first, last = table[layer].get(m, (math.nan, math.nan))
+                cells.append(f"{_fmt(first) + ' -> ' + _fmt(last):>26}")
+            lines.append(f"{layer:<12}" + "".join(cells))
+    if before or after:
+        lines.append("")
+        lines.append(f"{'forecast (test)':<16}{'before':>12}{'after':>12}")
+        for m in FORECAST_METRICS:
+            b = (before or {}).get(f"test/{m}", math.nan)
+            a = (after or {}).get(f"test/{m}", math.nan)
+            lines.append(f"{m:<16}{_fmt(b):>12}{_fmt(a):>12}")
+    return "\n".join(lines)
+
+
+def _layer_order(name: str) -> tuple[int, str, int]:
+    group, _, index = name.partition(".")
+    rank = {"embed": 0, "encoder": 1, "decoder": 2}.get(group, 3)
+    return rank, group, int(index) if index.isdigit() else -1

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Creates .venv and installs isoprobe with its [data,dev] extras, CPU torch pinned by constraints.txt.
+# Idempotent: re-installs only when pyproject.toml or constraints.txt changed since the last install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python_bin=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+stamp=.venv/.isoprobe-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    echo "isoprobe: installing into .venv (torch pinned by constraints.txt)"
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[data,dev]"
+    touch "$stamp"
+fi
