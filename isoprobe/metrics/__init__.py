@@ -1,0 +1,34 @@
+"""Geometry of hidden representations: pure functions on torch tensors (see METRICS.md).
+
+No Lightning, no logging, no I/O; float64 on the input's device.
+"""
+
+from isoprobe.metrics.clustering import ClusterCosine, cluster_adjusted_cosine, kmeans, silhouettes
+from isoprobe.metrics.cosine import inter_token_cosine
+from isoprobe.metrics.rank import epsilon_rank, singular_values
+from isoprobe.metrics.spectrum import (
+    PartitionRatio,
+    effective_dimension,
+    isoscore,
+    partition_ratio,
+    participation_ratio,
+)
+from isoprobe.metrics.suite import ALL_METRICS, ProbeMetricsConfig, probe_metrics
+
+__all__ = [
+    "ALL_METRICS",
+    "ClusterCosine",
+    "PartitionRatio",
+    "ProbeMetricsConfig",
+    "cluster_adjusted_cosine",
+    "effective_dimension",
+    "epsilon_rank",
+    "inter_token_cosine",
+    "isoscore",
+    "kmeans",
+    "participation_ratio",
+    "partition_ratio",
+    "probe_metrics",
+    "silhouettes",
+    "singular_values",
+]
