@@ -3,15 +3,17 @@
 No Lightning, no logging, no I/O; float64 on the input's device.
 """
 
-from isoprobe.metrics.clustering import ClusterCosine, cluster_adjusted_cosine, kmeans, silhouettes
+from isoprobe.metrics.clustering import ClusterCosine, cluster_adjusted_cosine
 from isoprobe.metrics.cosine import inter_token_cosine
+from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.rank import epsilon_rank, singular_values
+from isoprobe.metrics.silhouette import silhouette_scores
 from isoprobe.metrics.spectrum import (
     PartitionRatio,
     effective_dimension,
     isoscore,
-    partition_ratio,
     participation_ratio,
+    partition_ratio,
 )
 from isoprobe.metrics.suite import ALL_METRICS, ProbeMetricsConfig, probe_metrics
 
@@ -25,10 +27,10 @@ __all__ = [
     "epsilon_rank",
     "inter_token_cosine",
     "isoscore",
-    "kmeans",
+    "kmeans_sweep",
     "participation_ratio",
     "partition_ratio",
     "probe_metrics",
-    "silhouettes",
+    "silhouette_scores",
     "singular_values",
 ]

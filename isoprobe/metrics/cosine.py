@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
-from isoprobe.metrics._checks import as_token_matrix
+from isoprobe.metrics._tokens import as_token_matrix, centre
 
 
 def mean_pairwise_cosine(X: Tensor) -> float:
@@ -20,16 +21,15 @@ def mean_pairwise_cosine(X: Tensor) -> float:
     n = int(keep.sum())
     if n < 2:
         return math.nan
-    u_sum = (X[keep] / norms[keep, None]).sum(dim=0)
+    u_sum = torch.where(keep, 1 / norms, 0.0) @ X  # sum of the unit rows, without a copy of X
     return float((u_sum.dot(u_sum) - n) / (n * (n - 1)))
 
 
 def inter_token_cosine(X: Tensor, center: bool = False) -> float:
     """Average cosine similarity between distinct token representations (eq. 1).
 
-    ``center=True`` subtracts the mean token first (Mu & Viswanath, 2018).
+    ``center=True`` subtracts the mean token first (Mu & Viswanath, 2018). Zero rows are left
+    out; NaN if fewer than two rows remain.
     """
     X = as_token_matrix(X)
-    if center:
-        X = X - X.mean(dim=0)
-    return mean_pairwise_cosine(X)
+    return mean_pairwise_cosine(centre(X) if center else X)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from isoprobe.metrics._checks import as_token_matrix
+from isoprobe.metrics._tokens import as_token_matrix, centre
 
 
 @dataclass(frozen=True)
@@ -20,27 +20,23 @@ class PartitionRatio:
     log_ratio: float
 
 
-def covariance_eigh(centred: Tensor) -> tuple[Tensor, Tensor]:
-    """Eigenvalues (descending, clipped at 0) and eigenvectors (columns) of the covariance of
-    already-centred float64 rows."""
-    values, vectors = torch.linalg.eigh(centred.T @ centred / (centred.shape[0] - 1))
-    return values.flip(0).clamp_min(0), vectors.flip(1)
-
-
-def covariance_eigenvalues(X: Tensor) -> Tensor:
-    """Eigenvalues of the covariance of float64 rows X, descending, clipped at 0."""
-    centred = X - X.mean(dim=0)
-    cov = centred.T @ centred / (X.shape[0] - 1)
-    return torch.linalg.eigvalsh(cov).flip(0).clamp_min(0)
+def covariance_eigenvalues(centred_gram: Tensor, n_rows: int) -> Tensor:
+    """Eigenvalues of the covariance C^T C / (N - 1), from C^T C of centred rows C:
+    descending, clipped at 0."""
+    return torch.linalg.eigvalsh(centred_gram / (n_rows - 1)).flip(0).clamp_min(0)
 
 
 def effective_dimension_from_eigenvalues(eigenvalues: Tensor, threshold: float) -> int:
-    """Smallest d with sum_{i<d} lambda_i / sum lambda >= threshold; 0 for a zero spectrum."""
+    """Smallest d with sum_{i<d} lambda_i / sum lambda >= threshold (descending lambda), up to
+    a relative 1e-12 so that rounding noise in the zero eigenvalues of a rank-deficient cloud
+    does not count at ``threshold = 1``; 0 for a zero spectrum."""
+    if not 0 < threshold <= 1:
+        raise ValueError(f"the effective-dimension threshold must lie in (0, 1], got {threshold}")
     total = eigenvalues.sum()
     if total <= 0:
         return 0
     explained = eigenvalues.cumsum(0) / total
-    return int((explained < threshold).sum()) + 1
+    return min(int((explained < threshold * (1 - 1e-12)).sum()) + 1, eigenvalues.numel())
 
 
 def participation_ratio_from_eigenvalues(eigenvalues: Tensor) -> float:
@@ -50,47 +46,64 @@ def participation_ratio_from_eigenvalues(eigenvalues: Tensor) -> float:
 
 
 def isoscore_from_eigenvalues(eigenvalues: Tensor) -> float:
-    """IsoScore (Rudman et al., 2022) from the variances along the principal axes.
+    """IsoScore (Rudman et al. 2022, Algorithm 1) from the variances along the principal axes.
 
-    sigma_hat = sqrt(D) sigma / ||sigma||; defect delta = ||sigma_hat - 1|| / sqrt(2(D - sqrt D));
-    score = ((D - delta^2 (D - sqrt D))^2 - D) / (D (D - 1)). 1 is isotropic, 0 one-dimensional.
+    sigma_hat = sqrt(D) sigma / ||sigma||; isotropy defect delta = ||sigma_hat - 1|| /
+    sqrt(2 (D - sqrt D)); score = ((D - delta^2 (D - sqrt D))^2 - D) / (D (D - 1)), clipped to
+    [0, 1] against rounding. 1 is isotropic, 0 one-dimensional or a zero spectrum; NaN for
+    D = 1, where it is undefined.
     """
     dim = eigenvalues.numel()
+    if dim < 2:
+        return math.nan
     norm = eigenvalues.norm()
-    if norm <= 0 or dim < 2:
+    if norm <= 0:
         return 0.0
     root = math.sqrt(dim)
     normalised = root * eigenvalues / norm
     defect_sq = float((normalised - 1).square().sum()) / (2 * (dim - root))
-    return ((dim - defect_sq * (dim - root)) ** 2 - dim) / (dim * (dim - 1))
+    score = ((dim - defect_sq * (dim - root)) ** 2 - dim) / (dim * (dim - 1))
+    return min(max(score, 0.0), 1.0)
 
 
-def effective_dimension(X: Tensor, threshold: float = 0.8) -> int:
-    """Principal components needed to explain ``threshold`` of the variance (isotropy paper
-    §4.1, Table 1), over the full spectrum."""
-    return effective_dimension_from_eigenvalues(covariance_eigenvalues(as_token_matrix(X)), threshold)
-
-
-def participation_ratio(X: Tensor) -> float:
-    """(sum lambda)^2 / sum lambda^2 of the covariance spectrum: a soft count of used axes."""
-    return participation_ratio_from_eigenvalues(covariance_eigenvalues(as_token_matrix(X)))
-
-
-def isoscore(X: Tensor) -> float:
-    """IsoScore of the token cloud, in [0, 1]."""
-    return isoscore_from_eigenvalues(covariance_eigenvalues(as_token_matrix(X)))
-
-
-def partition_ratio(X: Tensor) -> PartitionRatio:
-    """Stabilised partition-function ratio (isotropy paper eq. 5, after Mu & Viswanath 2018).
-
-    Z(c) = sum_i exp(<c, x_i>) for unit c in {+v, -v : v eigenvector of X^T X} (uncentred).
-    log Z is a logsumexp, so no exponential overflows; using both signs makes the result
-    independent of the eigensolver's sign convention. 1 = isotropic.
-    """
-    X = as_token_matrix(X)
-    _, vectors = torch.linalg.eigh(X.T @ X)
+def partition_ratio_from_gram(X: Tensor, gram: Tensor) -> PartitionRatio:
+    """:func:`partition_ratio` of float64 rows X given gram = X^T X."""
+    _, vectors = torch.linalg.eigh(gram)
     projections = X @ vectors
     log_z = torch.cat([projections.logsumexp(dim=0), (-projections).logsumexp(dim=0)])
     log_ratio = float(log_z.min() - log_z.max())
     return PartitionRatio(ratio=math.exp(log_ratio), log_ratio=log_ratio)
+
+
+def _eigenvalues(X: Tensor) -> Tensor:
+    centred = centre(as_token_matrix(X))
+    return covariance_eigenvalues(centred.T @ centred, centred.shape[0])
+
+
+def effective_dimension(X: Tensor, threshold: float = 0.8) -> int:
+    """Principal components needed to explain ``threshold`` of the variance (isotropy paper
+    §4.1, Table 1), over the full covariance spectrum; 0 if all rows are identical."""
+    return effective_dimension_from_eigenvalues(_eigenvalues(X), threshold)
+
+
+def participation_ratio(X: Tensor) -> float:
+    """(sum lambda)^2 / sum lambda^2 of the covariance spectrum: a soft count of the axes used;
+    0 if all rows are identical."""
+    return participation_ratio_from_eigenvalues(_eigenvalues(X))
+
+
+def isoscore(X: Tensor) -> float:
+    """IsoScore of the token cloud, in [0, 1] (see :func:`isoscore_from_eigenvalues`)."""
+    return isoscore_from_eigenvalues(_eigenvalues(X))
+
+
+def partition_ratio(X: Tensor) -> PartitionRatio:
+    """Partition-function ratio (isotropy paper eq. 5, after Mu & Viswanath 2018).
+
+    Z(c) = sum_i exp(<c, x_i>) for unit c in {+v, -v : v eigenvector of X^T X} (uncentred X);
+    ``log_ratio`` = min log Z - max log Z. Each log Z is a logsumexp, so nothing overflows
+    however large the norms; taking both signs makes the result independent of the
+    eigensolver's sign convention. 1 = isotropic.
+    """
+    X = as_token_matrix(X)
+    return partition_ratio_from_gram(X, X.T @ X)

@@ -1,49 +1,62 @@
-"""``probe_metrics``: the configured metric set on one token matrix, sharing the centring and the
-covariance eigendecomposition between metrics."""
+"""``probe_metrics``: the configured metric set of one token matrix, sharing the centring, the
+Gram matrix and the covariance spectrum between metrics."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 
 from torch import Tensor
 
-from isoprobe.metrics._checks import as_token_matrix
-from isoprobe.metrics.clustering import cluster_cosine_of_centred
+from isoprobe.metrics._tokens import as_token_matrix, centre
+from isoprobe.metrics.clustering import check_cluster_range, cluster_cosine_of_centred
 from isoprobe.metrics.cosine import mean_pairwise_cosine
 from isoprobe.metrics.rank import rank_from_singular_values
 from isoprobe.metrics.spectrum import (
-    covariance_eigh,
+    covariance_eigenvalues,
     effective_dimension_from_eigenvalues,
     isoscore_from_eigenvalues,
     participation_ratio_from_eigenvalues,
-    partition_ratio,
+    partition_ratio_from_gram,
 )
 
-# selectable name -> the output keys it produces
-ALL_METRICS: dict[str, tuple[str, ...]] = {
-    "cos_inter": ("cos_inter",),
-    "cos_inter_centered": ("cos_inter_centered",),
-    "cos_cluster": (
-        "cos_cluster",
-        "cos_cluster_baseline",
-        "cos_cluster_excess",
-        "n_clusters",
-        "silhouette",
-    ),
-    "eff_dim": ("eff_dim",),
-    "participation_ratio": ("participation_ratio",),
-    "partition_ratio": ("partition_ratio", "log_partition_ratio"),
-    "isoscore": ("isoscore",),
-    "eps_rank": ("eps_rank",),
-}
-_SPECTRAL = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
+#: Selectable metric name -> the output keys of :func:`probe_metrics` it produces.
+#:
+#: ``cos_inter``: ``inter_token_cosine(X)``; ``cos_inter_centered``: with ``center=True``;
+#: ``cos_cluster``: ``cluster_adjusted_cosine`` -> value (``cos_cluster``), baseline
+#: (``cos_cluster_baseline``), value - baseline (``cos_cluster_excess``), k (``n_clusters``) and
+#: the best mean silhouette (``silhouette``); ``eff_dim``: ``effective_dimension`` at
+#: ``ed_threshold``; ``participation_ratio``; ``partition_ratio`` -> ratio and
+#: ``log_partition_ratio``; ``isoscore``; ``eps_rank``: ``epsilon_rank`` of the centred X at
+#: ``rank_eps``.
+ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "cos_inter": ("cos_inter",),
+        "cos_inter_centered": ("cos_inter_centered",),
+        "cos_cluster": (
+            "cos_cluster",
+            "cos_cluster_baseline",
+            "cos_cluster_excess",
+            "n_clusters",
+            "silhouette",
+        ),
+        "eff_dim": ("eff_dim",),
+        "participation_ratio": ("participation_ratio",),
+        "partition_ratio": ("partition_ratio", "log_partition_ratio"),
+        "isoscore": ("isoscore",),
+        "eps_rank": ("eps_rank",),
+    }
+)
+_FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
 
 
 @dataclass(frozen=True)
 class ProbeMetricsConfig:
-    """Which metrics to compute and their parameters (see METRICS.md)."""
+    """Which metrics :func:`probe_metrics` computes (names of :data:`ALL_METRICS`) and their
+    parameters: the k-means sweep ``k_min``..``k_max``, ``min_silhouette`` and ``seed`` of the
+    cluster-adjusted cosine, the effective dimension's ``ed_threshold`` and the ε-rank's
+    ``rank_eps``."""
 
     metrics: tuple[str, ...] = tuple(ALL_METRICS)
     k_min: int = 2
@@ -54,69 +67,83 @@ class ProbeMetricsConfig:
     rank_eps: float = 1e-2
 
     def __post_init__(self) -> None:
-        unknown = set(self.metrics) - set(ALL_METRICS)
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
-            raise ValueError(f"unknown probe metrics {sorted(unknown)}; known: {list(ALL_METRICS)}")
+            raise ValueError(f"unknown probe metrics {unknown}; choose from {list(ALL_METRICS)}")
+        check_cluster_range(self.k_min, self.k_max)
+        if not 0 < self.ed_threshold <= 1:
+            raise ValueError(f"ed_threshold must lie in (0, 1], got {self.ed_threshold}")
+        if not 0 < self.rank_eps <= 1:
+            raise ValueError(f"rank_eps must lie in (0, 1], got {self.rank_eps}")
 
     @classmethod
     def from_any(cls, cfg: ProbeMetricsConfig | Mapping | None) -> ProbeMetricsConfig:
+        """A config from None (the defaults), a config, or a mapping of its fields (a plain
+        dict or a Hydra ``DictConfig``)."""
         if cfg is None:
             return cls()
         if isinstance(cfg, cls):
             return cfg
+        if not isinstance(cfg, Mapping):
+            raise TypeError(
+                f"probe metrics config must be a ProbeMetricsConfig or a mapping, got {type(cfg)}"
+            )
         known = {f.name for f in fields(cls)}
-        unknown = set(cfg) - known
+        unknown = sorted(set(cfg) - known)
         if unknown:
-            raise ValueError(f"unknown probe metric options {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(cfg)
-        if "metrics" in values:
-            values["metrics"] = tuple(values["metrics"])
-        return cls(**values)
+            raise ValueError(f"unknown probe metric options {unknown}; known: {sorted(known)}")
+        return cls(**dict(cfg))
 
 
-def probe_metrics(
-    X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None
-) -> dict[str, float]:
-    """Every configured metric of the token matrix X [N, D] as a flat dict of floats."""
+def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) -> dict[str, float]:
+    """The configured metrics of the token matrix X [N, D] as a flat dict of floats (ints as
+    floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
+
+    X is validated and centred once; C^T C of the centred rows gives the covariance spectrum
+    (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
+    X^T X whose eigenvectors the partition ratio needs.
+    """
     cfg = ProbeMetricsConfig.from_any(cfg)
     X = as_token_matrix(X)
     chosen = set(cfg.metrics)
-    centred = X - X.mean(dim=0)
+    centred = centre(X)
     out: dict[str, float] = {}
     if "cos_inter" in chosen:
         out["cos_inter"] = mean_pairwise_cosine(X)
     if "cos_inter_centered" in chosen:
         out["cos_inter_centered"] = mean_pairwise_cosine(centred)
-    eigh = covariance_eigh(centred) if chosen & (_SPECTRAL | {"cos_cluster"}) else None
     if "cos_cluster" in chosen:
-        cc = cluster_cosine_of_centred(
-            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed, eigh
+        clusters = cluster_cosine_of_centred(
+            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
         )
         out.update(
-            cos_cluster=cc.value,
-            cos_cluster_baseline=cc.baseline,
-            cos_cluster_excess=cc.excess,
-            n_clusters=float(cc.k),
-            silhouette=cc.silhouette,
+            cos_cluster=clusters.value,
+            cos_cluster_baseline=clusters.baseline,
+            cos_cluster_excess=clusters.excess,
+            n_clusters=clusters.k,
+            silhouette=clusters.silhouette,
         )
-    if eigh is not None:
-        eigenvalues = eigh[0]
+    if not chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
+        return {key: float(value) for key, value in out.items()}
+    gram = centred.T @ centred
+    if chosen & _FROM_COVARIANCE:
+        eigenvalues = covariance_eigenvalues(gram, X.shape[0])
         if "eff_dim" in chosen:
-            out["eff_dim"] = float(effective_dimension_from_eigenvalues(eigenvalues, cfg.ed_threshold))
+            out["eff_dim"] = effective_dimension_from_eigenvalues(eigenvalues, cfg.ed_threshold)
         if "participation_ratio" in chosen:
             out["participation_ratio"] = participation_ratio_from_eigenvalues(eigenvalues)
         if "isoscore" in chosen:
             out["isoscore"] = isoscore_from_eigenvalues(eigenvalues)
         if "eps_rank" in chosen:
-            # singular values of the centred X are sqrt((N - 1) lambda): same ratios as sqrt(lambda)
-            out["eps_rank"] = float(rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps))
+            # singular values of the centred X are sqrt((N - 1) lambda): same ratios
+            out["eps_rank"] = rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps)
     if "partition_ratio" in chosen:
-        pr = partition_ratio(X)
-        out["partition_ratio"] = pr.ratio
-        out["log_partition_ratio"] = pr.log_ratio
-    return {k: (math.nan if v is None else float(v)) for k, v in out.items()}
-
-
+        mean = X.mean(dim=0)
+        ratio = partition_ratio_from_gram(X, gram + X.shape[0] * mean[:, None] * mean[None, :])
+        out["partition_ratio"] = ratio.ratio
+        out["log_partition_ratio"] = ratio.log_ratio
+    return {key: float(value) for key, value in out.items()}
 
 
 __all__ = ["ALL_METRICS", "ProbeMetricsConfig", "probe_metrics"]

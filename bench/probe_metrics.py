@@ -1,0 +1,206 @@
+"""Time ``isoprobe.metrics.probe_metrics`` against the isotropy authors' reference computation.
+
+The reference is what the authors' public code does for the cluster-adjusted cosine: on the
+globally centred tokens, scikit-learn ``KMeans(n_clusters=k, random_state=42)`` and
+``silhouette_score`` for every k in 2..16, the k of the best silhouette (one cluster if it is
+below 0.1, as METRICS.md says), then the mean inter-token cosine inside the centroid-subtracted
+clusters. Ours is the FULL metric suite (both cosines, cluster cosine, effective dimension,
+participation ratio, partition ratio, IsoScore, epsilon-rank) in float64.
+
+Token clouds (N x 512, seeded): ``structured`` = a few anisotropic Gaussian clusters of different
+sizes and scales plus a common offset (what transformer layers look like: islands, a few
+dominant directions); ``unstructured`` = one anisotropic Gaussian with the offset and a steep
+spectrum (no clusters); ``diffuse`` = one Gaussian with a slowly decaying spectrum, where no
+silhouette reaches 0.1 (both should pick one cluster) and k-means needs many iterations.
+
+Run: ``.venv/bin/python bench/probe_metrics.py`` (``--help`` for the options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_score
+from threadpoolctl import threadpool_limits
+from tqdm import tqdm
+
+from isoprobe.metrics import ProbeMetricsConfig, probe_metrics
+
+K_RANGE = range(2, 17)
+MIN_SILHOUETTE = 0.1
+
+
+def anisotropic_gaussian(
+    rng: np.random.Generator, n: int, dim: int, scale: float, decay: float
+) -> np.ndarray:
+    """n samples with variances scale^2 * i^-decay along randomly rotated axes."""
+    stds = scale * np.arange(1, dim + 1) ** (-decay / 2)
+    rotation, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    return (rng.normal(size=(n, dim)) * stds) @ rotation.T
+
+
+def structured_cloud(n: int, dim: int, seed: int) -> np.ndarray:
+    """Five anisotropic clusters of unequal sizes and scales around a common offset."""
+    rng = np.random.default_rng(seed)
+    weights = np.array([0.35, 0.25, 0.2, 0.12, 0.08])
+    sizes = np.floor(weights * n).astype(int)
+    sizes[0] += n - sizes.sum()
+    offset = rng.normal(size=dim) * 3.0
+    parts = []
+    for size, scale in zip(sizes, (1.0, 1.5, 0.7, 2.0, 1.2), strict=True):
+        centre = rng.normal(size=dim) * 1.2
+        parts.append(centre + anisotropic_gaussian(rng, size, dim, scale, decay=1.0))
+    X = np.concatenate(parts) + offset
+    return X[rng.permutation(n)]
+
+
+def unstructured_cloud(n: int, dim: int, seed: int) -> np.ndarray:
+    """One anisotropic Gaussian around the common offset, variances ~ i^-2: no clusters, and
+    an effective dimension of 3, like the layers of isotropy paper Table 1."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=dim) * 3.0 + anisotropic_gaussian(rng, n, dim, 1.0, decay=2.0)
+
+
+def diffuse_cloud(n: int, dim: int, seed: int) -> np.ndarray:
+    """One Gaussian with variances ~ 1/i (effective dimension ~ 115): the hard case for
+    k-means, whose silhouettes stay below 0.1 (one cluster) while Lloyd iterates long."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=dim) * 3.0 + anisotropic_gaussian(rng, n, dim, 1.0, decay=1.0)
+
+
+def mean_pairwise_cosine(X: np.ndarray) -> float:
+    """Mean cosine over ordered pairs i != j, brute force over the N x N Gram matrix."""
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    gram = U @ U.T
+    n = len(X)
+    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
+
+
+def reference_cluster_cosine(X: np.ndarray) -> tuple[float, int, float]:
+    """The authors' computation: (cluster cosine, k, best silhouette)."""
+    centred = X - X.mean(axis=0)
+    best_k, best_score, best_labels = 1, -np.inf, None
+    for k in K_RANGE:
+        labels = KMeans(n_clusters=k, random_state=42).fit_predict(centred)
+        score = silhouette_score(centred, labels)
+        if score > best_score:
+            best_k, best_score, best_labels = k, score, labels
+    if best_score < MIN_SILHOUETTE:
+        best_k, best_labels = 1, np.zeros(len(X), dtype=int)
+    values = []
+    for c in range(best_k):
+        members = centred[best_labels == c]
+        if len(members) >= 2:
+            values.append(mean_pairwise_cosine(members - members.mean(axis=0)))
+    return float(np.mean(values)), best_k, float(best_score)
+
+
+def timed(fn, *args):
+    """(seconds, result) of one call."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+def measure(X: np.ndarray, repeats: int, ref_repeats: int) -> dict:
+    """Best-of-``repeats`` times of our full suite and of our cluster cosine alone, and
+    best-of-``ref_repeats`` of the reference, the calls interleaved so that all see the same
+    machine load; the k, silhouette and cosine of each."""
+    tokens = torch.as_tensor(X)
+    cluster_only = ProbeMetricsConfig(metrics=("cos_cluster",))
+    ours, ours_cluster, ref = [], [], []
+    for r in range(max(repeats, ref_repeats)):
+        if r < repeats:
+            seconds, out = timed(probe_metrics, tokens)
+            ours.append(seconds)
+            seconds, _ = timed(probe_metrics, tokens, cluster_only)
+            ours_cluster.append(seconds)
+        if r < ref_repeats:
+            seconds, (ref_cos, ref_k, ref_sil) = timed(reference_cluster_cosine, X)
+            ref.append(seconds)
+    row = {"ours_s": min(ours), "cluster_s": min(ours_cluster), "k": int(out["n_clusters"])}
+    row.update(sil=out["silhouette"], cos=out["cos_cluster"])
+    if ref:
+        row.update(ref_s=min(ref), ref_k=ref_k, ref_sil=ref_sil, ref_cos=ref_cos)
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (
+        f"{'cloud':<13}{'N':>6}{'suite s':>9}{'cos s':>8}{'ref s':>8}{'suite x':>9}{'cos x':>7}"
+        f"{'k':>4}{'k ref':>6}{'k agree':>8}{'sil':>7}{'sil ref':>8}{'|d cos|':>9}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in rows:
+        ours = f"{r['cloud']:<13}{r['N']:>6}{r['ours_s']:>9.3f}{r['cluster_s']:>8.3f}"
+        if "ref_s" in r:
+            ref = (
+                f"{r['ref_s']:>8.2f}{r['ref_s'] / r['ours_s']:>8.1f}x"
+                f"{r['ref_s'] / r['cluster_s']:>6.1f}x{r['k']:>4}{r['ref_k']:>6}"
+                f"{str(r['k'] == r['ref_k']):>8}{r['sil']:>7.3f}{r['ref_sil']:>8.3f}"
+                f"{abs(r['cos'] - r['ref_cos']):>9.1e}"
+            )
+        else:
+            dash = "-"
+            ref = f"{dash:>8}{dash:>9}{dash:>7}{r['k']:>4}{dash:>6}{dash:>8}{r['sil']:>7.3f}"
+            ref += f"{dash:>8}{dash:>9}"
+        print(ours + ref)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000])
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls of ours (best)")
+    parser.add_argument(
+        "--ref-repeats", type=int, default=2, help="timed calls of the reference (best)"
+    )
+    parser.add_argument(
+        "--reference-max-n",
+        type=int,
+        default=8000,
+        help="run the sklearn reference only up to this N (about 30 s at N = 8000)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="limit torch and sklearn")
+    args = parser.parse_args()
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+        threadpool_limits(args.threads)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, load average {os.getloadavg()[0]:.2f}"
+    )
+    probe_metrics(torch.as_tensor(structured_cloud(300, 16, args.seed)))  # warm-up
+    clouds = {
+        "structured": structured_cloud,
+        "unstructured": unstructured_cloud,
+        "diffuse": diffuse_cloud,
+    }
+    jobs = [(name, n) for n in args.sizes for name in clouds]
+    rows = []
+    for name, n in tqdm(jobs, desc="bench"):
+        ref_repeats = args.ref_repeats if n <= 2000 else min(args.ref_repeats, 1)
+        if n > args.reference_max_n:
+            ref_repeats = 0
+        repeats = args.repeats if n <= 2000 else min(args.repeats, 2)
+        row = measure(clouds[name](n, args.dim, args.seed), repeats, ref_repeats)
+        rows.append({"cloud": name, "N": n, **row})
+    print_table(rows)
+    print(
+        f"\nsuite = our full probe_metrics (all metrics), cos = ours with only cos_cluster, both "
+        f"best of {args.repeats} (2 above N = 2000); ref = sklearn KMeans(random_state=42) + "
+        f"silhouette_score for k = 2..16 + cluster cosine, best of {args.ref_repeats} (1 above "
+        f"N = 2000); x = ref time / ours. Load average now {os.getloadavg()[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

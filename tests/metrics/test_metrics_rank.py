@@ -1,0 +1,49 @@
+"""singular_values and epsilon_rank on matrices built with chosen singular values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from isoprobe.metrics import epsilon_rank, singular_values
+
+
+def with_singular_values(sigma: list[float], rows: int, seed: int = 0) -> torch.Tensor:
+    """U diag(sigma) V^T with random orthogonal U [rows, r] and V [r, r]."""
+    rng = np.random.default_rng(seed)
+    r = len(sigma)
+    U, _ = np.linalg.qr(rng.normal(size=(rows, r)))
+    V, _ = np.linalg.qr(rng.normal(size=(r, r)))
+    return torch.as_tensor(U * np.array(sigma) @ V.T)
+
+
+def test_singular_values_are_the_chosen_ones_descending():
+    sigma = [10, 5, 1, 0.5, 0.09, 0.011, 0.009, 0, 0, 0]
+    M = with_singular_values(sigma, rows=30)
+    reference = np.linalg.svd(M.numpy(), compute_uv=False)
+    assert torch.allclose(singular_values(M), torch.tensor(sigma, dtype=torch.float64), atol=1e-12)
+    assert np.allclose(singular_values(M).numpy(), reference, atol=1e-12)
+
+
+def test_epsilon_rank_counts_relative_singular_values_at_least_eps():
+    M = with_singular_values([10, 5, 1, 0.5, 0.09, 0.011, 0.009, 0, 0, 0], rows=30)
+    assert epsilon_rank(M, 1e-1) == 3  # 10, 5, 1
+    assert epsilon_rank(M, 1e-2) == 4  # + 0.5
+    assert epsilon_rank(M, 1e-3) == 6  # + 0.09, 0.011; not 0.009
+    assert epsilon_rank(M.T, 1e-3) == 6
+
+
+def test_threshold_is_inclusive_and_the_zero_matrix_has_rank_zero():
+    M = torch.diag(torch.tensor([4.0, 2.0, 1.0, 0.5]))  # exact powers of two
+    assert epsilon_rank(M, 0.5) == 2
+    assert epsilon_rank(M, 0.25) == 3
+    assert epsilon_rank(M, 1.0) == 1
+    assert epsilon_rank(torch.zeros(3, 5), 1e-3) == 0
+
+
+def test_bad_eps_or_shape_is_refused():
+    with pytest.raises(ValueError, match=r"eps must lie in \(0, 1\]"):
+        epsilon_rank(torch.eye(3), 0.0)
+    with pytest.raises(ValueError, match="2-D"):
+        singular_values(torch.ones(2, 2, 2))
