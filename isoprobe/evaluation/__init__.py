@@ -4,8 +4,10 @@ from isoprobe.evaluation.forecast_metrics import (
     crps_from_samples,
     mae,
     mase,
+    mase_per_window,
     mse,
     nmse,
+    quantile_loss_sums,
     seasonal_naive_scale,
     wql,
 )
@@ -16,8 +18,10 @@ __all__ = [
     "crps_from_samples",
     "mae",
     "mase",
+    "mase_per_window",
     "mse",
     "nmse",
+    "quantile_loss_sums",
     "seasonal_naive_scale",
     "wql",
 ]
