@@ -1,0 +1,20 @@
+"""Data sets (offline package data, KernelSynth, online benchmark sets) and the DataModule."""
+
+from isoprobe.data import kernelsynth, offline, online  # noqa: F401  (registers the data sets)
+from isoprobe.data.datamodule import TimeSeriesDataModule
+from isoprobe.data.registry import (
+    SeriesCollection,
+    available_datasets,
+    dataset_spec,
+    load_series,
+    register_dataset,
+)
+
+__all__ = [
+    "SeriesCollection",
+    "TimeSeriesDataModule",
+    "available_datasets",
+    "dataset_spec",
+    "load_series",
+    "register_dataset",
+]

@@ -1,0 +1,265 @@
+"""The LightningDataModule every config in ``configs/data`` builds."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import DataLoader, RandomSampler
+
+from isoprobe.data.registry import DatasetSpec, SeriesCollection, dataset_spec, load_series
+from isoprobe.data.windows import (
+    NAN_POLICIES,
+    SCALINGS,
+    SEGMENTS,
+    DataReport,
+    WindowDataset,
+    add_relative_noise,
+    check_choice,
+    clean_series,
+    evenly_spaced,
+    window_starts,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TimeSeriesDataModule(L.LightningDataModule):
+    """(context, target) windows of a registered data set, split by time within each series.
+
+    ``context_length`` and ``prediction_length`` are known right after construction (the
+    registry's defaults fill a None), so a model can be built from them before ``setup``.
+
+    Args:
+        dataset: a registered name (``isoprobe.data.available_datasets()``).
+        context_length / prediction_length: window lengths; None = the data set's default.
+        dataset_kwargs: keyword arguments of the data set's loader (e.g. KernelSynth's
+            ``num_series``, an online set's ``path``).
+        path: a local copy of an online benchmark set, forwarded to its loader as ``path=``.
+        split: fractions of every series for train / validation / test, in time order.
+        train_stride / eval_stride: steps between window starts; ``eval_stride`` None = the
+            horizon (validation/test targets do not overlap).
+        max_train_windows: windows drawn afresh, without replacement, every epoch (with the
+            Trainer's seed); None = all windows, shuffled.
+        max_eval_windows: validation and test windows kept, evenly spaced, in a fixed order.
+        scaling: per-window scaling from the context only: ``none`` | ``mean`` (divide by the
+            mean |x|) | ``standard`` (subtract the mean, divide by the standard deviation).
+            Context and target are both scaled; items carry ``loc`` and ``scale``.
+        noise_std: Gaussian noise added to every series with standard deviation ``noise_std``
+            x that series' standard deviation (the isotropy paper's noise experiment uses 0.05).
+            Context and target both carry it.
+        nan_policy: NaN/inf values: ``impute`` (linear inside, nearest at the edges) | ``drop``
+            (skip the windows touching one) | ``error``.
+        seed: seed of the noise.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        context_length: int | None = None,
+        prediction_length: int | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
+        path: str | None = None,
+        split: Sequence[float] = (0.7, 0.1, 0.2),
+        train_stride: int = 1,
+        eval_stride: int | None = None,
+        max_train_windows: int | None = None,
+        max_eval_windows: int | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        scaling: str = "none",
+        noise_std: float = 0.0,
+        nan_policy: str = "impute",
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.spec: DatasetSpec = dataset_spec(dataset)
+        self.dataset = dataset
+        self.context_length = _positive(
+            "data.context_length", context_length, self.spec.context_length
+        )
+        self.prediction_length = _positive(
+            "data.prediction_length", prediction_length, self.spec.prediction_length
+        )
+        self.dataset_kwargs = dict(dataset_kwargs or {})
+        if path is not None:
+            self.dataset_kwargs["path"] = str(path)
+        _check_loader_kwargs(self.spec, self.dataset_kwargs)
+        self.split = _check_split(split)
+        self.train_stride = _positive("data.train_stride", train_stride)
+        self.eval_stride = _positive("data.eval_stride", eval_stride, self.prediction_length)
+        self.max_train_windows = _positive_or_none("data.max_train_windows", max_train_windows)
+        self.max_eval_windows = _positive_or_none("data.max_eval_windows", max_eval_windows)
+        self.batch_size = _positive("data.batch_size", batch_size)
+        self.eval_batch_size = _positive("data.eval_batch_size", eval_batch_size, self.batch_size)
+        self.num_workers = int(num_workers)
+        check_choice("data.scaling", scaling, SCALINGS)
+        check_choice("data.nan_policy", nan_policy, NAN_POLICIES)
+        if noise_std < 0:
+            raise ValueError(f"data.noise_std must be >= 0, got {noise_std}")
+        self.scaling = scaling
+        self.noise_std = float(noise_std)
+        self.nan_policy = nan_policy
+        self.seed = int(seed)
+        self.collection: SeriesCollection | None = None
+        self.train_dataset: WindowDataset | None = None
+        self.val_dataset: WindowDataset | None = None
+        self.test_dataset: WindowDataset | None = None
+        self._report = DataReport()
+
+    @property
+    def season_length(self) -> int:
+        return self._loaded().season_length
+
+    @property
+    def freq(self) -> str:
+        return self._loaded().freq
+
+    @property
+    def report(self) -> dict:
+        """Counts of series, non-finite values and windows (see :class:`DataReport`)."""
+        return self._report.as_dict()
+
+    def _loaded(self) -> SeriesCollection:
+        if self.collection is None:
+            raise RuntimeError("call setup() first: season_length and freq come with the data")
+        return self.collection
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.collection is not None:
+            return
+        collection = load_series(self.dataset, **self.dataset_kwargs)
+        report = DataReport(series_total=len(collection.series))
+        series = clean_series(collection.series, self.nan_policy, collection.item_ids, report)
+        series = add_relative_noise(series, self.noise_std, self.seed)
+        window = self.context_length + self.prediction_length
+        lengths = np.array([len(s) for s in series])
+        if len(lengths) == 0:
+            raise ValueError(f"data set {self.dataset!r} loaded no series")
+        report.series_too_short = int(((lengths < window) & (lengths > 0)).sum())
+        if not (lengths >= window).any():
+            raise ValueError(
+                f"all {len(series)} series of {self.dataset!r} are shorter than context_length "
+                f"+ prediction_length = {self.context_length} + {self.prediction_length} = "
+                f"{window} (lengths {lengths.min()}..{lengths.max()}). "
+                "Lower data.context_length (or data.prediction_length)."
+            )
+        starts = {
+            segment: window_starts(
+                series,
+                self.context_length,
+                self.prediction_length,
+                segment,
+                self.split,
+                self.train_stride if segment == "train" else self.eval_stride,
+                report,
+            )
+            for segment in SEGMENTS
+        }
+        for segment in ("val", "test"):
+            starts[segment] = starts[segment][
+                evenly_spaced(len(starts[segment]), self.max_eval_windows)
+            ]
+        self._check_not_empty(starts, lengths)
+        report.windows = {segment: len(rows) for segment, rows in starts.items()}
+        self.train_dataset, self.val_dataset, self.test_dataset = (
+            WindowDataset(
+                series, starts[s], self.context_length, self.prediction_length, self.scaling
+            )
+            for s in SEGMENTS
+        )
+        self.collection, self._report = collection, report
+        if report.worth_a_warning and rank_zero_only.rank == 0:
+            log.warning("data set %s: %s", self.dataset, report.as_dict())
+
+    def _check_not_empty(self, starts: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+        empty = [
+            s for s, f in zip(SEGMENTS, self.split, strict=True) if f > 0 and len(starts[s]) == 0
+        ]
+        if empty:
+            raise ValueError(
+                f"data set {self.dataset!r} gives no {'/'.join(empty)} window with context "
+                f"{self.context_length} + horizon {self.prediction_length}, split "
+                f"{list(self.split)} and nan_policy {self.nan_policy!r} (series lengths "
+                f"{lengths.min()}..{lengths.max()}): each segment must hold a whole horizon. "
+                "Lower data.context_length / data.prediction_length, widen data.split, or use "
+                "data.nan_policy=impute."
+            )
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self._built(self.train_dataset)
+        sampler = None
+        if self.max_train_windows is not None and self.max_train_windows < len(dataset):
+            sampler = RandomSampler(dataset, num_samples=self.max_train_windows)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=sampler is None,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.val_dataset)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.test_dataset)
+
+    def _eval_loader(self, dataset: WindowDataset | None) -> DataLoader:
+        return DataLoader(
+            self._built(dataset),
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    @staticmethod
+    def _built(dataset: WindowDataset | None) -> WindowDataset:
+        if dataset is None:
+            raise RuntimeError("call setup() before asking for a dataloader")
+        return dataset
+
+
+def _positive(option: str, value: int | None, default: int | None = None) -> int:
+    value = default if value is None else value
+    if value is None or int(value) != value or value < 1:
+        raise ValueError(f"{option} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _positive_or_none(option: str, value: int | None) -> int | None:
+    return None if value is None else _positive(option, value)
+
+
+def _check_split(split: Sequence[float]) -> tuple[float, float, float]:
+    fractions = tuple(float(f) for f in split)
+    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(
+            "data.split must be 3 fractions (train, val, test) >= 0 summing to 1, "
+            f"got {list(split)}"
+        )
+    if fractions[0] == 0:
+        raise ValueError(f"data.split gives the train segment nothing: {list(split)}")
+    return fractions  # type: ignore[return-value]
+
+
+def _check_loader_kwargs(spec: DatasetSpec, kwargs: dict[str, Any]) -> None:
+    """Fail at construction, not at setup, on a keyword the data set's loader does not take."""
+    parameters = inspect.signature(spec.loader).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(kwargs) - set(parameters))
+    if unknown:
+        hint = " (data.path is for the online benchmark sets)" if "path" in unknown else ""
+        raise ValueError(
+            f"data set {spec.name!r} takes no {', '.join(unknown)}{hint}; its loader takes: "
+            f"{', '.join(parameters) or 'nothing'}"
+        )

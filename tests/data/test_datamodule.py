@@ -1,0 +1,169 @@
+"""TimeSeriesDataModule on the constructed series registered in conftest.py."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from isoprobe.data import TimeSeriesDataModule
+from isoprobe.data.registry import UnknownDatasetError
+
+GIVEN = "tests/given_series"
+
+
+def module(series, **kwargs) -> TimeSeriesDataModule:
+    kwargs.setdefault("split", (0.5, 0.25, 0.25))
+    dm = TimeSeriesDataModule(GIVEN, dataset_kwargs={"series": series}, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+def items(dataset) -> list[dict]:
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def test_window_lengths_come_from_the_registry_before_setup():
+    dm = TimeSeriesDataModule(GIVEN, dataset_kwargs={"series": [[1.0]]})
+    assert (dm.context_length, dm.prediction_length, dm.eval_stride) == (3, 2, 2)
+    assert dm.collection is None  # nothing loaded yet
+    with pytest.raises(RuntimeError, match="setup"):
+        _ = dm.season_length
+    dm = TimeSeriesDataModule(GIVEN, context_length=5, prediction_length=4)
+    assert (dm.context_length, dm.prediction_length) == (5, 4)
+
+
+def test_segments_hold_the_windows_split_by_time():
+    dm = module([np.arange(20.0), 100 + np.arange(10.0)])
+    assert dm.freq == "D" and dm.season_length == 1
+    val = items(dm.val_dataset)
+    assert [(int(i["series_index"]), float(i["target"][0])) for i in val] == [
+        (0, 10.0),
+        (0, 12.0),
+        (1, 105.0),
+    ]
+    test = items(dm.test_dataset)
+    assert [float(i["target"][0]) for i in test] == [15.0, 17.0, 107.0]
+    assert torch.equal(test[0]["context"], torch.tensor([12.0, 13.0, 14.0]))
+    assert [int(i["window_index"]) for i in test] == [0, 1, 2]
+    assert len(dm.train_dataset) == 7
+    assert dm.report["windows"] == {"train": 7, "val": 3, "test": 3}
+
+
+def test_standard_scaling_maps_back_to_the_series():
+    rng = np.random.default_rng(2)
+    series = rng.normal(20.0, 3.0, 30)
+    dm = module([series], scaling="standard", context_length=6, prediction_length=3)
+    # length 30: the test segment is [22, 30), so targets start at 22 and 25
+    for item, start in zip(items(dm.test_dataset), (22, 25), strict=True):
+        context = item["context"].double()
+        assert context.mean().item() == pytest.approx(0.0, abs=1e-6)
+        assert context.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-6)
+        restored = item["target"].double() * item["scale"] + item["loc"]
+        np.testing.assert_allclose(restored.numpy(), series[start : start + 3], rtol=1e-5)
+
+
+def test_nan_values_are_imputed_and_counted(caplog):
+    series = np.arange(20.0)
+    series[[0, 11, 12]] = [np.nan, np.nan, np.inf]
+    with caplog.at_level(logging.WARNING, logger="isoprobe.data.datamodule"):
+        dm = module([series])
+    assert dm.report["nonfinite_values"] == 3 and dm.report["imputed_values"] == 3
+    # the series was a line: interpolation restores it, the edge copies its neighbour
+    first_val = dm.val_dataset[0]
+    assert torch.equal(first_val["target"], torch.tensor([10.0, 11.0]))
+    assert torch.equal(dm.val_dataset[1]["target"], torch.tensor([12.0, 13.0]))
+    assert torch.equal(dm.train_dataset[0]["context"], torch.tensor([1.0, 1.0, 2.0]))
+    assert sum("nonfinite_values" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_drop_policy_counts_dropped_windows():
+    broken = np.arange(20.0)
+    broken[9] = np.nan
+    dm = module([broken, np.arange(20.0)], nan_policy="drop")
+    assert dm.report["windows_dropped_nonfinite"] == 3
+    assert dm.report["windows"] == {"train": 5 + 6, "val": 0 + 2, "test": 2 + 2}
+    assert all(torch.isfinite(i["context"]).all() for i in items(dm.train_dataset))
+
+
+def test_short_series_are_skipped_and_counted():
+    dm = module([np.arange(20.0), np.arange(4.0), np.arange(2.0)])
+    assert dm.report["series_total"] == 3 and dm.report["series_too_short"] == 2
+    assert {int(i["series_index"]) for i in items(dm.train_dataset)} == {0}
+
+
+def test_all_series_too_short_says_how_to_fix_it():
+    with pytest.raises(ValueError, match=r"lengths 3\.\.4\). Lower data.context_length"):
+        module([np.arange(4.0), np.arange(3.0)])
+
+
+def test_a_segment_without_windows_is_an_error():
+    # length 9: the val segment [4, 6) cannot hold a horizon of 3 (test [6, 9) can)
+    with pytest.raises(ValueError, match="no val window"):
+        module([np.arange(9.0)], context_length=1, prediction_length=3)
+
+
+def test_noise_is_relative_seeded_and_reaches_the_windows():
+    clean = 1000.0 * np.sin(np.arange(4000) / 10.0)
+    kwargs = dict(noise_std=0.05, seed=7, context_length=10, prediction_length=10)
+    first, again = module([clean], **kwargs), module([clean], **kwargs)
+    other = module([clean], **{**kwargs, "seed": 8})
+    # test targets start at 3000, 3010, ..., 3990 and together cover [3000, 4000)
+    targets = torch.cat([i["target"] for i in items(first.test_dataset)]).double().numpy()
+    noise = targets - clean[3000:]
+    assert np.std(noise) == pytest.approx(0.05 * np.std(clean), rel=0.1)
+    assert torch.equal(first.test_dataset[5]["target"], again.test_dataset[5]["target"])
+    assert not torch.equal(first.test_dataset[5]["target"], other.test_dataset[5]["target"])
+
+
+def test_val_order_is_fixed_and_train_order_follows_the_seed():
+    series = [np.arange(60.0), np.arange(40.0) * 2]
+    a, b = module(series, batch_size=4), module(series, batch_size=4)
+    val_a = torch.cat([batch["target"] for batch in a.val_dataloader()])
+    val_b = torch.cat([batch["target"] for batch in b.val_dataloader()])
+    assert torch.equal(val_a, val_b)
+    indices = torch.cat([batch["window_index"] for batch in a.val_dataloader()])
+    assert torch.equal(indices, torch.arange(len(a.val_dataset)))
+
+    def train_order(dm, seed):
+        L.seed_everything(seed, verbose=False)
+        return torch.cat([batch["window_index"] for batch in dm.train_dataloader()])
+
+    assert torch.equal(train_order(a, 1), train_order(b, 1))
+    assert not torch.equal(train_order(a, 1), train_order(a, 2))
+    assert sorted(train_order(a, 1).tolist()) == list(range(len(a.train_dataset)))
+
+
+def test_window_caps():
+    dm = module([np.arange(200.0)], max_train_windows=10, max_eval_windows=4)
+    drawn = torch.cat([batch["window_index"] for batch in dm.train_dataloader()])
+    assert len(drawn) == 10 and len(set(drawn.tolist())) == 10
+    val_targets = [float(i["target"][0]) for i in items(dm.val_dataset)]
+    # 25 val windows at 100, 102, ..., 148: four evenly spaced, the first and the last kept
+    assert val_targets == [100.0, 116.0, 132.0, 148.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scaling": "max"}, "data.scaling='max'"),
+        ({"nan_policy": "zero"}, "data.nan_policy='zero'"),
+        ({"context_length": 0}, "data.context_length must be a positive integer"),
+        ({"split": (0.5, 0.5)}, "data.split must be 3 fractions"),
+        ({"split": (0.5, 0.3, 0.3)}, "data.split must be 3 fractions"),
+        ({"noise_std": -1.0}, "data.noise_std"),
+        ({"path": "/tmp/x.csv"}, "takes no path"),
+        ({"dataset_kwargs": {"num_series": 3}}, "takes no num_series"),
+    ],
+)
+def test_bad_options_fail_at_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TimeSeriesDataModule(GIVEN, **kwargs)
+
+
+def test_unknown_dataset_lists_the_known_ones():
+    with pytest.raises(UnknownDatasetError, match="unknown data set 'nope'.*vic_elec"):
+        TimeSeriesDataModule("nope")
