@@ -1,0 +1,5 @@
+"""Lightning callbacks that probe hidden representations (installed as ``isoprobe.callbacks``)."""
+
+from isoprobe.callbacks.isotropy import IsotropyProbe
+
+__all__ = ["IsotropyProbe"]

@@ -1,0 +1,92 @@
+"""Pictures of the probe: 3-D PCA point clouds coloured by cluster (isotropy paper fig. 2) and
+metric trajectories over epochs. Matplotlib with the non-interactive Agg backend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+
+def pca_coordinates(X: Tensor, components: int = 3) -> np.ndarray:
+    """The rows of X [N, D] on their first ``components`` principal axes (zero-padded when the
+    cloud spans fewer dimensions), float64 numpy [N, components]. The axes are the leading
+    eigenvectors of the D x D scatter matrix (cheaper than an SVD of the N x D rows)."""
+    centred = X.double() - X.double().mean(dim=0)
+    _, vectors = torch.linalg.eigh(centred.T @ centred)
+    coords = centred @ vectors[:, -components:].flip(1)
+    if coords.shape[1] < components:
+        coords = torch.nn.functional.pad(coords, (0, components - coords.shape[1]))
+    return coords.cpu().numpy()
+
+
+def cluster_colours(labels: Tensor) -> np.ndarray:
+    """RGB 0..255 per row (uint8 [N, 3]) from its cluster label (tab10 palette, cycling)."""
+    palette = (np.asarray(plt.get_cmap("tab10").colors) * 255).round().astype(np.uint8)
+    return palette[labels.cpu().numpy() % len(palette)]
+
+
+def save_point_cloud(path: Path, coords: np.ndarray, colours: np.ndarray, title: str) -> None:
+    """A 3-D scatter of ``coords`` [N, 3] with RGB ``colours`` [N, 3] (0..255) as a PNG."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = plt.figure(figsize=(5, 5))
+    ax = fig.add_subplot(projection="3d")
+    ax.scatter(*coords.T, c=colours / 255.0, s=4, depthshade=False)
+    ax.set_xlabel("PC1")
+    ax.set_ylabel("PC2")
+    ax.set_zlabel("PC3")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
+    """One panel per metric, one line per layer (coloured by depth) against the probe epoch.
+
+    Returns False (and writes nothing) when there is no finite value to draw.
+    """
+    series: dict[str, dict[str, dict[int, float]]] = {}
+    layers: list[str] = []
+    for r in records:
+        if r["metric"] == "error" or math.isnan(float(r["value"])):
+            continue
+        series.setdefault(r["metric"], {}).setdefault(r["layer"], {})[int(r["epoch"])] = float(
+            r["value"]
+        )
+        if r["layer"] not in layers:
+            layers.append(r["layer"])
+    if not series:
+        return False
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(layers)))
+    cols = min(4, len(series))
+    rows = math.ceil(len(series) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, (metric, by_layer) in zip(axes.flat, series.items(), strict=False):
+        for layer, colour in zip(layers, colours, strict=True):
+            if layer in by_layer:
+                epochs = sorted(by_layer[layer])
+                values = [by_layer[layer][e] for e in epochs]
+                ax.plot(epochs, values, marker="o", ms=2, lw=1, color=colour, label=layer)
+        ax.set_title(metric, fontsize=9)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.axis("off")
+    handles = [Line2D([], [], color=colour, marker="o", ms=2, lw=1) for colour in colours]
+    fig.legend(handles, layers, loc="center right", fontsize=7, frameon=False)
+    fig.subplots_adjust(left=0.06, right=0.86, bottom=0.08, top=0.94, hspace=0.5, wspace=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

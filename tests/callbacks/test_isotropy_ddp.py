@@ -1,0 +1,62 @@
+"""IsotropyProbe under DDP (2 CPU processes, gloo) gives the numbers of one process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pandas as pd
+import pytest
+import torch
+from ddp_probe_run import PROBE
+from isoprobe.callbacks import IsotropyProbe
+from probe_toy import ToyData, ToyForecaster
+
+SCRIPT = Path(__file__).with_name("ddp_probe_run.py")
+
+
+def _one_process_probe(weights: dict, out_dir: Path) -> pd.DataFrame:
+    """The probe of ``weights`` in this process (trainer.validate probes once, as epoch 0)."""
+    model = ToyForecaster()
+    model.load_state_dict(weights)
+    probe = IsotropyProbe(output_dir=str(out_dir), **PROBE)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[probe],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.validate(model, datamodule=ToyData(), verbose=False)
+    return pd.DataFrame(probe.records).drop(columns=["epoch", "global_step"])
+
+
+def _epoch(df: pd.DataFrame, epoch: int) -> pd.DataFrame:
+    rows = df[df["epoch"] == epoch].drop(columns=["epoch", "global_step"])
+    return rows.reset_index(drop=True).fillna({"note": ""})
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_equal_one_process(tmp_path: Path) -> None:
+    ddp_dir = tmp_path / "ddp"
+    ddp_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(ddp_dir), "2"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ddp = pd.read_csv(ddp_dir / "probe_metrics.csv", float_precision="round_trip")
+    assert sorted(ddp["epoch"].unique()) == [0, 1]
+    assert (ddp["metric"] != "error").all()
+
+    # probe set of 8 windows in batches of 3 over 2 ranks: rank 0 runs batches 0 and 2, rank 1
+    # batch 1 and a padding batch; 60 of the ~75 real tokens per layer are subsampled
+    for epoch, weights in ((0, "init.pt"), (1, "final.pt")):
+        state = torch.load(ddp_dir / weights, weights_only=True)
+        single = _one_process_probe(state, tmp_path / f"single{epoch}")
+        pd.testing.assert_frame_equal(_epoch(ddp, epoch), single, check_exact=True)

@@ -1,0 +1,92 @@
+"""What IsotropyProbe logs to an offline W&B run, read back with ``wandb leet inspect``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pandas as pd
+import pytest
+from isoprobe.callbacks import IsotropyProbe
+from lightning.pytorch.loggers import WandbLogger
+from probe_toy import ToyData, ToyForecaster
+
+WANDB_CLI = Path(sys.executable).with_name("wandb")
+
+
+def _records(run_dir: Path) -> list[dict]:
+    done = subprocess.run(
+        [str(WANDB_CLI), "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def _number(value: object) -> float:
+    return math.nan if value == "NaN" else float(value)
+
+
+def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path, monkeypatch):
+    for name in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    L.seed_everything(0)
+    logger = WandbLogger(project="isoprobe-test", save_dir=str(tmp_path), offline=True)
+    probe = IsotropyProbe(
+        num_windows=8,
+        batch_size=3,
+        max_tokens=60,
+        metrics={"k_max": 4},
+        output_dir=str(tmp_path / "out"),
+        pca_layers=["encoder.1"],
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=[probe],
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    try:
+        trainer.fit(ToyForecaster(), datamodule=ToyData())
+    finally:
+        wandb.finish()
+
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    records = _records(run_dir)
+    axes = [r["metric"] for r in records if r["type"] == "metric"]
+    assert ("probe/*", "probe/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    probed = [h for h in history if "probe/cos_inter/embed" in h]
+    assert [h["probe/epoch"] for h in probed] == [0, 1]
+
+    csv = pd.read_csv(tmp_path / "out" / "probe_metrics.csv", float_precision="round_trip")
+    assert len(csv) == 2 * 3 * 14
+    for row in csv.itertuples():
+        (logged,) = [h for h in probed if h["probe/epoch"] == row.epoch]
+        got = _number(logged[f"probe/{row.metric}/{row.layer}"])
+        assert got == pytest.approx(row.value, rel=0, abs=0, nan_ok=True)
+    for h in probed:
+        assert h["probe/table._type"] == "table-file" and h["probe/table.nrows"] == 3 * 14
+        assert h["probe/pca/encoder.1._type"] == "object3D-file"
+        assert "probe/pca/embed._type" not in h
+        # the point cloud: one point per measured token, one RGB colour per k-means cluster
+        points = json.loads((run_dir / "files" / h["probe/pca/encoder.1.path"]).read_text())
+        epoch_rows = csv[(csv["epoch"] == h["probe/epoch"]) & (csv["layer"] == "encoder.1")]
+        value = dict(zip(epoch_rows["metric"], epoch_rows["value"], strict=True))
+        assert len(points) == value["n_tokens"] == 60
+        assert len({tuple(p[3:6]) for p in points}) == value["n_clusters"]
+    assert any("probe/trajectories._type" in h for h in history)
