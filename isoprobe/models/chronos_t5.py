@@ -140,7 +140,9 @@ class ChronosT5Module(ForecastModule):
             _, target_mask = self._tokenize_target(batch, scale)
             start = torch.zeros_like(target_mask[:, :1])
             return torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
-        raise KeyError(f"unknown Chronos-T5 layer {layer_name!r}; known: {list(self.probe_layers())}")
+        raise KeyError(
+            f"unknown Chronos-T5 layer {layer_name!r}; known: {list(self.probe_layers())}"
+        )
 
 
 def _load(
@@ -150,7 +152,9 @@ def _load(
 ) -> tuple[T5ForConditionalGeneration, ChronosConfig]:
     if resolved.kind == "scratch":
         if scratch_t5 is None or scratch_chronos is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.scratch_t5 and scratch_chronos")
+            raise CheckpointError(
+                "model.checkpoint=scratch needs model.scratch_t5 and scratch_chronos"
+            )
         return T5ForConditionalGeneration(T5Config(**scratch_t5)), ChronosConfig(**scratch_chronos)
     source = resolved.location
     config = AutoConfig.from_pretrained(source)

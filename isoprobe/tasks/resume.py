@@ -53,7 +53,9 @@ def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> di
     resized = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
     if missing or unexpected or resized:
         details = [f"{k}: checkpoint {found[k]} vs model {expected[k]}" for k in resized[:5]]
-        details += [f"missing {k}" for k in missing[:5]] + [f"unexpected {k}" for k in unexpected[:5]]
+        details += [f"missing {k}" for k in missing[:5]] + [
+            f"unexpected {k}" for k in unexpected[:5]
+        ]
         raise CheckpointError(
             f"ckpt_path={ckpt_path} does not match this model's architecture "
             f"({len(resized)} resized, {len(missing)} missing, {len(unexpected)} unexpected "

@@ -58,8 +58,13 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
     run_info = {"resolved_checkpoint": resolved, "data_report": dict(datamodule.report)}
+    params = {
+        k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+        for k, v in cfg.items()
+        if k != "hydra"
+    }
     for lg in trainer.loggers:
-        lg.log_hyperparams({**OmegaConf.to_container(cfg, resolve=True), **run_info})
+        lg.log_hyperparams({**params, **run_info})
 
     try:
         results = _run(cfg, trainer, model, datamodule)

@@ -1,0 +1,58 @@
+"""Shared fixtures: Hydra configs composed for tests (CPU, tiny limits, no network)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+
+# Everything in the test suite runs offline and quiet.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+TINY = [
+    "trainer=cpu",
+    "trainer.enable_progress_bar=false",
+    "trainer.max_epochs=1",
+    "callbacks=tests",
+    "logger=csv",
+    "data.max_train_windows=64",
+    "data.max_eval_windows=16",
+    "data.batch_size=16",
+    "model.num_samples=4",
+    "callbacks.isotropy.num_windows=8",
+    "callbacks.isotropy.max_tokens=300",
+    "callbacks.isotropy.metrics.k_max=4",
+]
+
+
+def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
+    """The run config as ``python run.py <overrides>`` would see it, writing under tmp_path."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(tmp_path)
+        cfg.paths.log_dir = str(tmp_path / "logs")
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig().set_config(cfg)
+    return cfg
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path):
+    """Compose a tiny CPU config; extra overrides come after the tiny defaults."""
+
+    def make(*overrides: str) -> DictConfig:
+        return compose_config(tmp_path, [*TINY, *overrides])
+
+    return make

@@ -1,0 +1,157 @@
+"""Chronos-T5 wrapper: loss, token masks, forecasts and checkpoints against independent paths."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from chronos import ChronosConfig, MeanScaleUniformBins
+from omegaconf import OmegaConf
+from transformers import T5ForConditionalGeneration
+
+from isoprobe.models import ChronosT5Module
+from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.tasks.resume import check_resume_checkpoint
+
+CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos.yaml")
+CONTEXT, HORIZON = 24, 8
+
+
+def make_module(checkpoint: str = "scratch", **kwargs) -> ChronosT5Module:
+    torch.manual_seed(0)
+    scratch_t5 = {
+        **OmegaConf.to_container(CONFIG.scratch_t5),
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+    }
+    module = ChronosT5Module(
+        checkpoint=checkpoint,
+        scratch_t5=scratch_t5,
+        scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+        context_length=CONTEXT,
+        prediction_length=HORIZON,
+        num_samples=6,
+        **kwargs,
+    )
+    return module.eval()
+
+
+def make_batch(batch_size: int = 3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    context = torch.randn(batch_size, CONTEXT, generator=g).cumsum(-1) + 10
+    context[0, :5] = float("nan")  # left padding / missing values
+    target = torch.randn(batch_size, HORIZON, generator=g) + 10
+    target[1, 3] = float("nan")
+    return {
+        "context": context,
+        "target": target,
+        "loc": torch.zeros(batch_size),
+        "scale": torch.ones(batch_size),
+    }
+
+
+def test_loss_equals_plain_t5_cross_entropy_on_chronos_tokens():
+    module, batch = make_module(), make_batch()
+    tokenizer = MeanScaleUniformBins(-15.0, 15.0, module.chronos_config)
+    ids, mask, scale = tokenizer.context_input_transform(batch["context"])
+    labels, label_mask = tokenizer.label_input_transform(batch["target"], scale)
+    labels[~label_mask] = -100
+    expected = module.t5(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert torch.allclose(module.loss(batch), expected)
+
+
+def test_token_masks_keep_only_observed_values():
+    module, batch = make_module(), make_batch()
+    encoder = module.token_mask(batch, "encoder.0")
+    assert encoder.shape == (3, CONTEXT + 1)  # + EOS
+    assert not encoder[:, -1].any()  # EOS is not a context token
+    assert encoder[0].sum() == CONTEXT - 5 and encoder[1:].sum() == 2 * CONTEXT
+    assert torch.equal(module.token_mask(batch, "embed"), encoder)
+    decoder = module.token_mask(batch, "decoder.1")
+    assert decoder.shape == (3, HORIZON + 1)
+    assert not decoder[:, 0].any()  # the decoder start token
+    assert decoder.sum() == 3 * HORIZON - 1  # one missing target value
+    with pytest.raises(KeyError, match="unknown Chronos-T5 layer"):
+        module.token_mask(batch, "lm_head")
+
+
+def test_probe_layers_capture_embedding_and_every_block():
+    module, batch = make_module(), make_batch()
+    layers = module.probe_layers()
+    assert list(layers) == ["embed", "encoder.0", "encoder.1", "decoder.0", "decoder.1"]
+    captured = {}
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out, n=n: captured.setdefault(n, out))
+        for n, m in layers.items()
+    ]
+    with torch.no_grad():
+        module.probe_forward(batch)
+    for h in hooks:
+        h.remove()
+    ids, _, _ = module.tokenizer.context_input_transform(batch["context"])
+    assert torch.equal(captured["embed"], module.t5.shared(ids))
+    assert captured["encoder.1"][0].shape == (3, CONTEXT + 1, 128)
+    assert captured["decoder.0"][0].shape == (3, HORIZON + 1, 128)
+
+
+def test_forecast_quantiles_are_ordered_and_median_is_the_half_quantile():
+    module, batch = make_module(), make_batch()
+    torch.manual_seed(0)
+    forecast = module.forecast(batch)
+    q = forecast.quantiles
+    assert q.shape == (3, 9, HORIZON) and forecast.samples.shape == (3, 6, HORIZON)
+    assert (q[:, 1:] >= q[:, :-1]).all()
+    assert torch.allclose(forecast.median, q[:, 4])
+    # every sample decodes to a bin centre times the context's mean |x| scale
+    scale = batch["context"].nan_to_num().abs().sum(-1) / (~batch["context"].isnan()).sum(-1)
+    centres = module.tokenizer.centers
+    values = forecast.samples / scale.view(-1, 1, 1)
+    assert torch.isclose(values.unsqueeze(-1), centres, atol=1e-4).any(-1).all()
+
+
+def test_export_then_load_reproduces_weights_and_loss(tmp_path):
+    module, batch = make_module(), make_batch()
+    module.export(str(tmp_path / "export"))
+    loaded = make_module(checkpoint=str(tmp_path / "export"))
+    assert loaded.resolved_checkpoint.kind == "path"
+    for (name, a), (_, b) in zip(
+        module.state_dict().items(), loaded.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    assert torch.allclose(module.loss(batch), loaded.loss(batch))
+
+
+def test_bad_checkpoints_fail_with_the_fix(tmp_path):
+    with pytest.raises(CheckpointError, match="no config.json"):
+        make_module(checkpoint=str(tmp_path))
+    with pytest.raises(CheckpointError, match="needs the network"):
+        make_module(checkpoint="someone/not-a-cached-model")
+    bert_like = tmp_path / "bert"
+    bert_like.mkdir()
+    (bert_like / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(CheckpointError, match="not a Chronos-T5 checkpoint"):
+        make_module(checkpoint=str(bert_like))
+
+
+def test_resume_checkpoint_of_another_shape_is_refused(tmp_path):
+    module = make_module()
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    state["t5.shared.weight"] = torch.zeros(4096, 64)
+    path = tmp_path / "other.ckpt"
+    torch.save({"state_dict": state}, path)
+    with pytest.raises(CheckpointError, match=r"t5.shared.weight: checkpoint \(4096, 64\)"):
+        check_resume_checkpoint(str(path), module)
+    with pytest.raises(FileNotFoundError, match="last.ckpt"):
+        check_resume_checkpoint(str(tmp_path / "missing.ckpt"), module)
+
+
+def test_scratch_shape_is_the_configured_t5():
+    module = make_module()
+    assert isinstance(module.t5, T5ForConditionalGeneration)
+    assert module.t5.config.d_model == 128 and len(module.t5.encoder.block) == 2
+    assert isinstance(module.chronos_config, ChronosConfig)
+    assert module.chronos_config.prediction_length == HORIZON

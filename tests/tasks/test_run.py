@@ -1,0 +1,90 @@
+"""End-to-end runs of the tasks through the Hydra config, as `python run.py ...` would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from hydra.errors import MissingConfigException
+
+from isoprobe.tasks import run_task
+from tests.conftest import ROOT, TINY, compose_config
+
+
+def probe_csv(run_dir) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "probe_metrics.csv")
+
+
+def test_finetune_probes_before_training_and_every_epoch(tiny_config, tmp_path):
+    cfg = tiny_config("trainer.max_epochs=2", "model.checkpoint=scratch")
+    results = run_task(cfg)
+    records = probe_csv(tmp_path)
+    assert sorted(records.epoch.unique()) == [0, 1, 2]
+    layers = {"embed", *(f"encoder.{i}" for i in range(4)), *(f"decoder.{i}" for i in range(4))}
+    assert set(records.layer) == layers
+    # one row per epoch x layer x metric, nothing duplicated
+    assert not records.duplicated(["epoch", "layer", "metric"]).any()
+    assert records[records.epoch == 0].global_step.eq(0).all()
+    for split in ("before", "after"):
+        assert {"test/nmse", "test/mase", "test/wql"} <= set(results[split])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resolved_checkpoint"] == "scratch"
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_probe_task_measures_the_loaded_model_once_without_training(tiny_config, tmp_path):
+    cfg = tiny_config("task=probe", "model.checkpoint=scratch")
+    results = run_task(cfg)
+    records = probe_csv(tmp_path)
+    assert records.epoch.unique().tolist() == [0]
+    assert records.global_step.eq(0).all()
+    assert "after" not in results and "test/nmse" in results["before"]
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    base = [*TINY, "model.checkpoint=scratch"]
+    run_task(compose_config(first_dir, [*base, "trainer.max_epochs=1"]))
+    last = first_dir / "checkpoints" / "last.ckpt"
+    run_task(compose_config(second_dir, [*base, "trainer.max_epochs=2", f"ckpt_path={last}"]))
+    first, second = probe_csv(first_dir), probe_csv(second_dir)
+    assert sorted(second.epoch.unique()) == [0, 1, 2]
+    assert not second.duplicated(["epoch", "layer", "metric"]).any()
+    key = ["epoch", "layer", "metric"]
+    merged = first.merge(second, on=key, suffixes=("_first", "_resumed"))
+    assert len(merged) == len(first)
+    pd.testing.assert_series_equal(
+        merged.value_first, merged.value_resumed, check_names=False, rtol=0, atol=0
+    )
+    state = torch.load(second_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert state["epoch"] == 1 and state["global_step"] > 0
+
+
+@pytest.mark.parametrize(
+    "override, option", [("model=not_a_model", "model"), ("data=not_a_domain", "data")]
+)
+def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option):
+    with pytest.raises(MissingConfigException, match=f"Could not find '{option}/not_a"):
+        compose_config(tmp_path, [override])
+
+
+def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
+    command = [
+        sys.executable,
+        "run.py",
+        *TINY,
+        "model.checkpoint=scratch",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"outputs: {tmp_path}" in done.stdout
+    assert "probe metrics per layer, epoch 0 -> epoch 1" in done.stdout
+    assert "nmse" in done.stdout
+    assert (tmp_path / ".hydra" / "config.yaml").is_file()
