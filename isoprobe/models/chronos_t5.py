@@ -172,4 +172,6 @@ def _load(
             f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "
             "is corrupt or was written for another shape; re-export it or pick another one."
         ) from err
-    return t5, ChronosConfig(**chronos_fields)
+    # from_pretrained returns the model in eval mode; Lightning keeps submodule modes, so
+    # fine-tuning would otherwise run without dropout
+    return t5.train(), ChronosConfig(**chronos_fields)

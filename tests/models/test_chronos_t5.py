@@ -155,3 +155,17 @@ def test_scratch_shape_is_the_configured_t5():
     assert module.t5.config.d_model == 128 and len(module.t5.encoder.block) == 2
     assert isinstance(module.chronos_config, ChronosConfig)
     assert module.chronos_config.prediction_length == HORIZON
+
+
+@pytest.mark.parametrize("checkpoint", ["scratch", "bundled"])
+def test_loaded_model_is_in_training_mode_so_fine_tuning_uses_dropout(checkpoint):
+    module = ChronosT5Module(
+        checkpoint=checkpoint,
+        scratch_t5=OmegaConf.to_container(CONFIG.scratch_t5),
+        scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+        context_length=CONTEXT,
+        prediction_length=HORIZON,
+    )
+    assert all(m.training for m in module.modules())
+    assert module.t5.config.dropout_rate > 0
