@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 
@@ -78,14 +79,23 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
                 epochs = sorted(by_layer[layer])
                 values = [by_layer[layer][e] for e in epochs]
                 ax.plot(epochs, values, marker="o", ms=2, lw=1, color=colour, label=layer)
+        if metric == "partition_ratio":  # spans tens of decades across layers
+            ax.set_yscale("log")
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[len(series) :]:
+    spare = list(axes.flat)[len(series) :]
+    for ax in spare:
         ax.axis("off")
     handles = [Line2D([], [], color=colour, marker="o", ms=2, lw=1) for colour in colours]
-    fig.legend(handles, layers, loc="center right", fontsize=7, frameon=False)
-    fig.subplots_adjust(left=0.06, right=0.86, bottom=0.08, top=0.94, hspace=0.5, wspace=0.3)
+    if spare:
+        spare[0].legend(handles, layers, loc="center", fontsize=7, frameon=False, ncols=2)
+        right = 0.98
+    else:
+        fig.legend(handles, layers, loc="center right", fontsize=7, frameon=False)
+        right = 0.86
+    fig.subplots_adjust(left=0.06, right=right, bottom=0.08, top=0.94, hspace=0.5, wspace=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

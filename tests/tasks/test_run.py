@@ -73,18 +73,34 @@ def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option)
         compose_config(tmp_path, [override])
 
 
-def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
+def run_py(run_dir, *overrides: str) -> subprocess.CompletedProcess:
+    """``python run.py <TINY> <overrides>`` writing to run_dir, offline."""
     env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
-    command = [
-        sys.executable,
-        "run.py",
-        *TINY,
-        "model.checkpoint=scratch",
-        f"hydra.run.dir={tmp_path}",
-    ]
+    command = [sys.executable, "run.py", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
+    done = run_py(tmp_path, "model.checkpoint=scratch")
     assert f"outputs: {tmp_path}" in done.stdout
     assert "probe metrics per layer, epoch 0 -> epoch 1" in done.stdout
     assert "nmse" in done.stdout
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_probe_under_ddp_sim_equals_one_process(tmp_path):
+    """trainer=ddp_sim (two gloo processes) gives the probe numbers of one process."""
+    common = ["task=probe", "model.checkpoint=bundled", "task.evaluate_before=false"]
+    run_py(tmp_path / "one", *common, "trainer=cpu")
+    run_py(tmp_path / "two", *common, "trainer=ddp_sim")
+    key = ["epoch", "layer", "metric"]
+    one, two = probe_csv(tmp_path / "one"), probe_csv(tmp_path / "two")
+    merged = one.merge(two, on=key, suffixes=("_one", "_two"), validate="one_to_one")
+    assert len(merged) == len(one) == len(two) > 0
+    assert (merged.metric == "n_tokens").any() and not (merged.metric == "error").any()
+    pd.testing.assert_series_equal(
+        merged.value_one, merged.value_two, check_names=False, rtol=1e-9, atol=1e-12
+    )
