@@ -166,12 +166,22 @@ def _load(
             "seq2seq Chronos checkpoints such as amazon/chronos-t5-small."
         )
     try:
-        t5 = T5ForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
+        t5, info = T5ForConditionalGeneration.from_pretrained(
+            source, dtype=torch.float32, output_loading_info=True
+        )
     except (RuntimeError, ValueError, OSError) as err:
         raise CheckpointError(
             f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "
             "is corrupt or was written for another shape; re-export it or pick another one."
         ) from err
+    # transformers only warns about these and initialises missing weights at random
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: {len(missing)} weights "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            "The config was edited or belongs to another checkpoint; re-export the model."
+        )
     # from_pretrained returns the model in eval mode; Lightning keeps submodule modes, so
     # fine-tuning would otherwise run without dropout
     return t5.train(), ChronosConfig(**chronos_fields)

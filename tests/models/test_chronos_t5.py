@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from omegaconf import OmegaConf
 from transformers import T5ForConditionalGeneration
 
 from isoprobe.models import ChronosT5Module
-from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.checkpoints import CheckpointError, bundled_path
 from isoprobe.tasks.resume import check_resume_checkpoint
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos.yaml")
@@ -169,3 +170,19 @@ def test_loaded_model_is_in_training_mode_so_fine_tuning_uses_dropout(checkpoint
     )
     assert all(m.training for m in module.modules())
     assert module.t5.config.dropout_rate > 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"d_ff": 512}, "do not match its T5 architecture"),
+        ({"num_layers": 6}, "16 weights missing"),
+    ],
+)
+def test_weights_that_do_not_match_the_config_are_refused(tmp_path, change, message):
+    target = tmp_path / "edited"
+    shutil.copytree(bundled_path("chronos-t5-mini"), target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        make_module(checkpoint=str(target))
