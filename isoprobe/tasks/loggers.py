@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import secrets
+import string
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,12 @@ def wandb_key_configured() -> bool:
         return False
 
 
+def new_run_id() -> str:
+    """A W&B-style run id: 8 random lowercase letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
 def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> dict[str, Logger]:
     """Config name -> logger; W&B goes offline without a key and resumes ``resume_ids``."""
     loggers: dict[str, Logger] = {}
@@ -46,6 +54,9 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
                 if resume_ids.get(name):
                     cfg.id = resume_ids[name]
                     cfg.resume = "allow"
+                elif not cfg.get("id"):
+                    # fixed now, not when the run starts, so that checkpoints can store it
+                    cfg.id = new_run_id()
         loggers[name] = instantiate(cfg)
     return loggers
 

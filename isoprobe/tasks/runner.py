@@ -38,8 +38,17 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
     )
 
 
+def _single_log_stream() -> None:
+    """Lightning's package logger prints through its own console handler AND propagates to the
+    root logger that Hydra configured: drop its handler so every line appears once, in Hydra's
+    format, in the console and in the run's log file."""
+    if logging.getLogger().hasHandlers():
+        logging.getLogger("lightning").handlers.clear()
+
+
 def run_task(cfg: DictConfig) -> dict[str, Any]:
     """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path)."""
+    _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     L.seed_everything(cfg.seed, workers=True)

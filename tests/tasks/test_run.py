@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -73,9 +74,9 @@ def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option)
         compose_config(tmp_path, [override])
 
 
-def run_py(run_dir, *overrides: str) -> subprocess.CompletedProcess:
+def run_py(run_dir, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python run.py <TINY> <overrides>`` writing to run_dir, offline."""
-    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
+    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", **(env or {})}
     command = [sys.executable, "run.py", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -104,3 +105,39 @@ def test_probe_under_ddp_sim_equals_one_process(tmp_path):
     pd.testing.assert_series_equal(
         merged.value_one, merged.value_two, check_names=False, rtol=1e-9, atol=1e-12
     )
+
+
+def wandb_history(run_dir) -> tuple[str, list[dict]]:
+    """(run id, history rows) of the one offline W&B run under run_dir, via ``wandb leet``."""
+    (offline_run,) = (run_dir / "wandb").glob("offline-run-*")
+    cli = Path(sys.executable).with_name("wandb")
+    done = subprocess.run(
+        [str(cli), "leet", "inspect", "--json", str(offline_run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    return offline_run.name.rsplit("-", 1)[1], history
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_path):
+    env = {f"WANDB_{name}": str(tmp_path / "wandb-home") for name in ("DIR", "CACHE_DIR")}
+    common = ["logger=wandb", "model.checkpoint=scratch", "task.evaluate_before=false"]
+    run_py(tmp_path / "first", *common, "trainer.max_epochs=1", env=env)
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    run_py(tmp_path / "second", *common, "trainer.max_epochs=2", f"ckpt_path={last}", env=env)
+
+    first_id, first = wandb_history(tmp_path / "first")
+    second_id, second = wandb_history(tmp_path / "second")
+    assert first_id == second_id
+    probed = [h for h in first + second if "probe/cos_inter/embed" in h]
+    assert [h["probe/epoch"] for h in probed] == [0, 1, 2]
+    records = probe_csv(tmp_path / "second")
+    for h in probed:
+        rows = records[(records.epoch == h["probe/epoch"]) & (records.metric == "isoscore")]
+        for row in rows.itertuples():
+            assert float(h[f"probe/isoscore/{row.layer}"]) == pytest.approx(row.value, rel=1e-12)
