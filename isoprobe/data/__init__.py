@@ -4,6 +4,7 @@ from isoprobe.data import kernelsynth, offline, online  # noqa: F401  (registers
 from isoprobe.data.datamodule import TimeSeriesDataModule
 from isoprobe.data.registry import (
     SeriesCollection,
+    UnknownDatasetError,
     available_datasets,
     dataset_spec,
     load_series,
@@ -13,6 +14,7 @@ from isoprobe.data.registry import (
 __all__ = [
     "SeriesCollection",
     "TimeSeriesDataModule",
+    "UnknownDatasetError",
     "available_datasets",
     "dataset_spec",
     "load_series",

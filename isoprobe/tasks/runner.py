@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.callbacks import IsotropyProbe
+from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
 from isoprobe.tasks.resume import RunIdentity, check_resume_checkpoint
@@ -51,6 +52,7 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from hydra.errors import MissingConfigException
+from hydra.errors import ConfigCompositionException, MissingConfigException
 
+from isoprobe.data import UnknownDatasetError
 from isoprobe.tasks import run_task
 from tests.conftest import ROOT, TINY, compose_config
 
@@ -72,6 +73,16 @@ def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
 def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option):
     with pytest.raises(MissingConfigException, match=f"Could not find '{option}/not_a"):
         compose_config(tmp_path, [override])
+
+
+def test_misspelt_key_is_a_clear_hydra_error(tmp_path):
+    with pytest.raises(ConfigCompositionException, match="Could not override 'data.contex_length'"):
+        compose_config(tmp_path, ["data.contex_length=96"])
+
+
+def test_unknown_dataset_names_the_known_ones(tiny_config):
+    with pytest.raises(UnknownDatasetError, match="vic_elec"):
+        run_task(tiny_config("data.dataset=not_a_set"))
 
 
 def run_py(run_dir, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
