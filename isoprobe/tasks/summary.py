@@ -40,28 +40,30 @@ def format_summary(
     after: Mapping[str, float] | None,
     metrics: tuple[str, ...] = SUMMARY_METRICS,
 ) -> str:
-    """A plain-text table (monospace) of :func:`probe_summary` and the forecast metrics."""
+    """A plain-text table (monospace) of :func:`probe_summary` ("first -> last", or one value
+    when a single epoch was probed) and of the forecast metrics that were measured."""
     lines: list[str] = []
     epochs = probe_epochs(records)
     if epochs is not None:
         table = probe_summary(records, metrics)
         shown = [m for m in metrics if any(m in row for row in table.values())]
-        lines.append(f"probe metrics per layer, epoch {epochs[0]} -> epoch {epochs[1]}:")
-        header = f"{'layer':<12}" + "".join(f"{m:>26}" for m in shown)
-        lines.append(header)
+        single = epochs[0] == epochs[1]
+        span = f"epoch {epochs[0]}" if single else f"epoch {epochs[0]} -> epoch {epochs[1]}"
+        lines.append(f"probe metrics per layer, {span}:")
+        lines.append(f"{'layer':<12}" + "".join(f"{m:>26}" for m in shown))
         for layer in sorted(table, key=_layer_order):
             cells = []
             for m in shown:
                 first, last = table[layer].get(m, (math.nan, math.nan))
-                cells.append(f"{_fmt(first) + ' -> ' + _fmt(last):>26}")
+                cell = _fmt(last) if single else f"{_fmt(first)} -> {_fmt(last)}"
+                cells.append(f"{cell:>26}")
             lines.append(f"{layer:<12}" + "".join(cells))
-    if before or after:
-        lines.append("")
-        lines.append(f"{'forecast (test)':<16}{'before':>12}{'after':>12}")
+    columns = {name: values for name, values in (("before", before), ("after", after)) if values}
+    if columns:
+        lines += ["", f"{'forecast (test)':<16}" + "".join(f"{name:>12}" for name in columns)]
         for m in FORECAST_METRICS:
-            b = (before or {}).get(f"test/{m}", math.nan)
-            a = (after or {}).get(f"test/{m}", math.nan)
-            lines.append(f"{m:<16}{_fmt(b):>12}{_fmt(a):>12}")
+            cells = "".join(f"{_fmt(v.get(f'test/{m}', math.nan)):>12}" for v in columns.values())
+            lines.append(f"{m:<16}{cells}")
     return "\n".join(lines)
 
 
