@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,20 @@ TINY = [
     "callbacks.isotropy.max_tokens=300",
     "callbacks.isotropy.metrics.k_max=4",
 ]
+
+
+def wandb_records(offline_run: Path) -> list[dict]:
+    """Every record of an offline W&B run directory, as ``wandb leet inspect --json`` prints
+    them (one JSON object per line)."""
+    cli = Path(sys.executable).with_name("wandb")
+    done = subprocess.run(
+        [str(cli), "leet", "inspect", "--json", str(offline_run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
 def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:

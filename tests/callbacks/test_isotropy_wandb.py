@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import lightning as L
 import pandas as pd
@@ -15,18 +12,7 @@ from isoprobe.callbacks import IsotropyProbe
 from lightning.pytorch.loggers import WandbLogger
 from probe_toy import ToyData, ToyForecaster
 
-WANDB_CLI = Path(sys.executable).with_name("wandb")
-
-
-def _records(run_dir: Path) -> list[dict]:
-    done = subprocess.run(
-        [str(WANDB_CLI), "leet", "inspect", "--json", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+from tests.conftest import wandb_records
 
 
 def _number(value: object) -> float:
@@ -66,7 +52,7 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
         wandb.finish()
 
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
-    records = _records(run_dir)
+    records = wandb_records(run_dir)
     axes = [r["metric"] for r in records if r["type"] == "metric"]
     assert ("probe/*", "probe/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
     history = [r["history"]["item"] for r in records if r["type"] == "history"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,7 +13,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from isoprobe.data import UnknownDatasetError
 from isoprobe.tasks import run_task
-from tests.conftest import ROOT, TINY, compose_config
+from tests.conftest import ROOT, TINY, compose_config, wandb_records
 
 
 def probe_csv(run_dir) -> pd.DataFrame:
@@ -121,15 +120,7 @@ def test_probe_under_ddp_sim_equals_one_process(tmp_path):
 def wandb_history(run_dir) -> tuple[str, list[dict]]:
     """(run id, history rows) of the one offline W&B run under run_dir, via ``wandb leet``."""
     (offline_run,) = (run_dir / "wandb").glob("offline-run-*")
-    cli = Path(sys.executable).with_name("wandb")
-    done = subprocess.run(
-        [str(cli), "leet", "inspect", "--json", str(offline_run)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    records = wandb_records(offline_run)
     history = [r["history"]["item"] for r in records if r["type"] == "history"]
     return offline_run.name.rsplit("-", 1)[1], history
 
