@@ -47,6 +47,13 @@ def test_probe_task_measures_the_loaded_model_once_without_training(tiny_config,
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_without_a_logger_the_run_directory_still_holds_the_records(tiny_config, tmp_path):
+    results = run_task(tiny_config("task=probe", "model.checkpoint=scratch", "logger=none"))
+    records = probe_csv(tmp_path)
+    assert len(records) == len(results["probe_records"]) > 0
+    assert not (tmp_path / "csv").exists() and not (tmp_path / "wandb").exists()
+
+
 def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     base = [*TINY, "model.checkpoint=scratch"]
