@@ -100,6 +100,7 @@ def run_py(run_dir, *overrides: str, env: dict | None = None) -> subprocess.Comp
     return done
 
 
+@pytest.mark.slow
 def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
     done = run_py(tmp_path, "model.checkpoint=scratch")
     assert f"outputs: {tmp_path}" in done.stdout
