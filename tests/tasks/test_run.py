@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
 
 from isoprobe.data import UnknownDatasetError
 from isoprobe.tasks import run_task
@@ -91,18 +92,23 @@ def test_unknown_dataset_names_the_known_ones(tiny_config):
         run_task(tiny_config("data.dataset=not_a_set"))
 
 
-def run_py(run_dir, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python run.py <TINY> <overrides>`` writing to run_dir, offline."""
+def run_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python run.py <args>`` offline; fails the test with the end of stderr."""
     env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", **(env or {})}
-    command = [sys.executable, "run.py", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "run.py", *args]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
+def run_tiny(run_dir, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python run.py <TINY> <overrides>`` writing to run_dir."""
+    return run_py(*TINY, *overrides, f"hydra.run.dir={run_dir}", env=env)
+
+
 @pytest.mark.slow
 def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
-    done = run_py(tmp_path, "model.checkpoint=scratch")
+    done = run_tiny(tmp_path, "model.checkpoint=scratch")
     assert f"outputs: {tmp_path}" in done.stdout
     assert "probe metrics per layer, epoch 0 -> epoch 1" in done.stdout
     assert "nmse" in done.stdout
@@ -113,8 +119,8 @@ def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
 def test_probe_under_ddp_sim_equals_one_process(tmp_path):
     """trainer=ddp_sim (two gloo processes) gives the probe numbers of one process."""
     common = ["task=probe", "model.checkpoint=bundled", "task.evaluate_before=false"]
-    run_py(tmp_path / "one", *common, "trainer=cpu")
-    run_py(tmp_path / "two", *common, "trainer=ddp_sim")
+    run_tiny(tmp_path / "one", *common, "trainer=cpu")
+    run_tiny(tmp_path / "two", *common, "trainer=ddp_sim")
     key = ["epoch", "layer", "metric"]
     one, two = probe_csv(tmp_path / "one"), probe_csv(tmp_path / "two")
     merged = one.merge(two, on=key, suffixes=("_one", "_two"), validate="one_to_one")
@@ -137,9 +143,9 @@ def wandb_history(run_dir) -> tuple[str, list[dict]]:
 def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_path):
     env = {f"WANDB_{name}": str(tmp_path / "wandb-home") for name in ("DIR", "CACHE_DIR")}
     common = ["logger=wandb", "model.checkpoint=scratch", "task.evaluate_before=false"]
-    run_py(tmp_path / "first", *common, "trainer.max_epochs=1", env=env)
+    run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1", env=env)
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
-    run_py(tmp_path / "second", *common, "trainer.max_epochs=2", f"ckpt_path={last}", env=env)
+    run_tiny(tmp_path / "second", *common, "trainer.max_epochs=2", f"ckpt_path={last}", env=env)
 
     first_id, first = wandb_history(tmp_path / "first")
     second_id, second = wandb_history(tmp_path / "second")
@@ -151,3 +157,20 @@ def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_p
         rows = records[(records.epoch == h["probe/epoch"]) & (records.metric == "isoscore")]
         for row in rows.itertuples():
             assert float(h[f"probe/isoscore/{row.layer}"]) == pytest.approx(row.value, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_multirun_gives_every_job_its_directory_and_wandb_run(tmp_path):
+    env = {f"WANDB_{name}": str(tmp_path / "wandb-home") for name in ("DIR", "CACHE_DIR")}
+    sweep = ["-m", "data=energy,weather", *TINY, "task=probe", "model.checkpoint=scratch"]
+    run_py(*sweep, "logger=wandb", f"hydra.sweep.dir={tmp_path}", env=env)
+    ids = set()
+    for job, dataset in enumerate(("vic_elec", "seattle_weather")):
+        summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
+        assert summary["data_report"]["windows"]["val"] > 0
+        assert (tmp_path / str(job) / "probe_metrics.csv").is_file()
+        (offline_run,) = (tmp_path / str(job) / "wandb").glob("offline-run-*")
+        ids.add(offline_run.name.rsplit("-", 1)[1])
+        config = OmegaConf.load(tmp_path / str(job) / ".hydra" / "config.yaml")
+        assert config.data.dataset == dataset
+    assert len(ids) == 2
