@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.kmeans import kmeans_sweep
+from isoprobe.metrics.kmeans import gram_matrix, kmeans_sweep
 from isoprobe.metrics.silhouette import silhouette_scores
 
 
@@ -61,8 +61,9 @@ def choose_clusters(
     one_cluster = torch.zeros(n, dtype=torch.long, device=centred.device)
     if not ks:
         return one_cluster, 1, math.nan
-    labels = kmeans_sweep(centred, ks, seed=seed)
-    scores = silhouette_scores(centred, labels)
+    gram = gram_matrix(centred)
+    labels = kmeans_sweep(centred, ks, seed=seed, gram=gram)
+    scores = silhouette_scores(centred, labels, gram=gram)
     best = int(scores.argmax())
     silhouette = float(scores[best])
     if silhouette < min_silhouette:
@@ -88,7 +89,7 @@ def within_cluster_cosines(centred: Tensor, labels: Tensor, k: int) -> tuple[Ten
     )
     norms = residual.norm(dim=1)
     keep = norms > 0
-    units = torch.where(keep[:, None], residual / norms.clamp_min(1e-300)[:, None], 0.0)
+    units = residual.div_(norms.clamp_min(1e-300)[:, None])  # rows of zero norm stay zero
     unit_sums = torch.zeros(k, d, dtype=centred.dtype, device=centred.device)
     unit_sums.index_add_(0, labels, units)
     used = torch.bincount(labels, weights=keep.to(centred.dtype), minlength=k)

@@ -1,139 +1,117 @@
-"""k-means for several k at once (Lloyd's algorithm from k-means++ seeds).
+"""k-means for several k at once (Lloyd's algorithm from k-means++ seeds), on the Gram matrix.
 
-Three things make a sweep over k = 2..16 cheap:
+Lloyd needs the rows only through their inner products K = X Xᵀ, which the silhouette needs as
+well. With S_c the sum of the n_c members of cluster c, its centre is S_c / n_c and
+
+    ||x_i - S_c / n_c||² - ||x_i||² = ||S_c||² / n_c² - 2 T[c, i] / n_c,
+    T[c, i] = <S_c, x_i>,   ||S_c||² = sum of T[c, l] over the members l of c,
+
+so the table T decides every assignment. When row l moves from cluster c to c', row c of T
+loses K[l] and row c' gains it: N additions per move, where recomputing the distances costs
+N·D multiply-adds per centre and iteration. After its first iterations Lloyd moves few rows,
+so an iteration costs little more than its O(N·k) bookkeeping.
+
+Three more things make a sweep over k = 2..16 cheap:
 
 * one greedy k-means++ seeding of max(k) centres serves every k: the seeding is sequential and
   its j-th centre depends only on the earlier ones, so its first k centres are a k-means++
   seeding for k;
-* all k iterate together: the centres of every k still moving are stacked, so one matrix
-  product per iteration gives every row's distances to all of them, and the cluster sums are
-  updated only by the rows that changed cluster;
-* the nearest centre is searched in float32 (cluster sums and means stay float64; see
-  :func:`kmeans_sweep`).
+* all k iterate together: the tables are [A, w, N], block a for the a-th k still iterating and
+  w = max(k), slots past a block's k holding centres at infinite distance; the moves of all
+  blocks go into one sparse product per iteration;
+* a k that has stopped leaves the tables.
 
-Stopping follows scikit-learn's Lloyd: a k stops when no label changed or when the summed
-squared shift of its centres is at most ``tol`` times the mean per-feature variance; its labels
-are then those of the nearest final centre.
+Everything is float64: the labels are those of plain Lloyd with float64 distances (on an exact
+tie, the first nearest centre). Stopping follows scikit-learn's Lloyd: a k stops when no label
+changed or when the summed squared shift of its centres is at most ``tol`` times the mean
+per-feature variance; its labels are then those of the nearest final centre. A cluster left
+empty keeps its centre.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-
-def squared_distances(X: Tensor, x_sq: Tensor, C: Tensor) -> Tensor:
-    """||x_i - c_j||^2 for rows X [m, D] (squared norms ``x_sq``) and centres C [c, D]."""
-    norms = x_sq[:, None] + C.square().sum(1)[None, :]
-    return torch.addmm(norms, X, C.T, alpha=-2).clamp_min_(0)
+BLOCK_ROWS = 256
 
 
-def kmeans_plus_plus(X: Tensor, n_centres: int, generator: torch.Generator) -> Tensor:
-    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007): each new centre is the best, by
-    potential, of 2 + floor(log n_centres) candidates drawn with probability proportional to the
-    squared distance to the nearest centre so far. Returns the row indices of the centres."""
+def gram_matrix(X: Tensor, block_rows: int = BLOCK_ROWS) -> Tensor:
+    """X Xᵀ, exactly symmetric: each panel of ``block_rows`` rows is multiplied with the rows
+    from its own on; what lies below the diagonal is copied from above it."""
     n = X.shape[0]
-    x_sq = X.square().sum(1)
+    gram = torch.empty(n, n, dtype=X.dtype, device=X.device)
+    for i in range(0, n, block_rows):
+        rows = slice(i, i + block_rows)
+        torch.mm(X[rows], X[i:].T, out=gram[rows, i:])
+        diagonal = gram[rows, rows]
+        diagonal.copy_(diagonal.triu() + diagonal.triu(1).T)
+        gram[i + block_rows :, rows] = gram[rows, i + block_rows :].T
+    return gram
+
+
+def kmeans_plus_plus(gram: Tensor, n_centres: int, generator: torch.Generator) -> Tensor:
+    """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007) of the rows whose Gram matrix is
+    ``gram``: each new centre is the best, by potential, of 2 + floor(log n_centres) candidates
+    drawn with probability proportional to the squared distance to the nearest centre so far.
+    Returns the row indices of the centres."""
+    n = gram.shape[0]
+    x_sq = gram.diagonal()
     trials = 2 + int(math.log(n_centres))
+
+    def squared_distances(rows: Tensor) -> Tensor:  # [len(rows), N]
+        return (x_sq[rows, None] + x_sq[None, :] - 2 * gram[rows]).clamp_min_(0)
+
     chosen = [int(torch.randint(n, (1,), generator=generator))]
-    closest = squared_distances(X, x_sq, X[chosen])[:, 0]
+    closest = squared_distances(torch.tensor(chosen, device=gram.device))[0]
     for _ in range(1, n_centres):
         if closest.sum() > 0:
-            weights = closest.to(torch.float64).cpu()
-            candidates = torch.multinomial(weights, trials, replacement=True, generator=generator)
+            candidates = torch.multinomial(
+                closest.cpu(), trials, replacement=True, generator=generator
+            )
         else:  # every row sits on a centre already
             candidates = torch.randint(n, (trials,), generator=generator)
-        candidates = candidates.to(X.device)
-        with_candidate = torch.minimum(closest[:, None], squared_distances(X, x_sq, X[candidates]))
-        best = int(with_candidate.sum(0).argmin())
+        candidates = candidates.to(gram.device)
+        with_candidate = torch.minimum(closest[None, :], squared_distances(candidates))
+        best = int(with_candidate.sum(1).argmin())
         chosen.append(int(candidates[best]))
-        closest = with_candidate[:, best]
-    return torch.tensor(chosen, device=X.device)
+        closest = with_candidate[best]
+    return torch.tensor(chosen, device=gram.device)
 
 
-class _Sweep:
-    """Lloyd iterations of every k together.
+def _move_rows(
+    table: Tensor, rows: Tensor, to: Tensor, away: Tensor | None, X: Tensor, gram: Tensor
+) -> None:
+    """Row rows[m] of X joins slot to[m] and, unless ``away`` is None, leaves slot away[m]
+    (!= to[m]) of ``table`` [slots, N], which holds sums of rows of X Xᵀ: table += M X Xᵀ,
+    M the sparse [slots, N] matrix of those moves (+1 at (to[m], rows[m]), -1 at
+    (away[m], rows[m])).
 
-    The centres of all k are stacked into one [sum k, D] matrix, k number j owning the rows
-    ``offsets[j]`` .. ``offsets[j] + ks[j] - 1``; ``labels`` [N, len(ks)] are local (0 .. k - 1).
-    """
-
-    def __init__(self, X: Tensor, X_search: Tensor, scale: float, ks: Tensor, seeds: Tensor):
-        self.X = X
-        self.X_search = X_search
-        self.scale = scale
-        self.ks = ks
-        self.offsets = torch.cumsum(ks, 0) - ks
-        self.slot = torch.arange(int(ks.max()), device=X.device)
-        self.owner = torch.repeat_interleave(torch.arange(ks.numel(), device=X.device), ks)
-        within = torch.arange(self.owner.numel(), device=X.device) - self.offsets[self.owner]
-        self.centres = X[seeds[within]]
-        self.sums = torch.zeros_like(self.centres)
-        self.counts = torch.zeros(self.centres.shape[0], dtype=X.dtype, device=X.device)
-        everything = torch.arange(ks.numel(), device=X.device)
-        columns, local_offsets = self._layout(everything)
-        self.labels = self._nearest(columns, local_offsets, everything)
-        rows = torch.arange(X.shape[0], device=X.device)
-        self._add_rows(rows, columns, local_offsets, self.labels, None)
-
-    def _layout(self, active: Tensor) -> tuple[Tensor, Tensor]:
-        """Stacked indices of the centres of the ``active`` k, and where each k's block starts
-        among them."""
-        columns = torch.isin(self.owner, active).nonzero()[:, 0]
-        sizes = self.ks[active]
-        return columns, torch.cumsum(sizes, 0) - sizes
-
-    def _nearest(self, columns: Tensor, local_offsets: Tensor, active: Tensor) -> Tensor:
-        """Label of the nearest centre of every row for each active k: [N, len(active)]."""
-        centres = (self.centres[columns] / self.scale).to(self.X_search.dtype)
-        # ||x - c||^2 - ||x||^2: the row's own norm does not change which centre is nearest
-        scores = torch.addmm(centres.square().sum(1)[None, :], self.X_search, centres.T, alpha=-2)
-        # slots past a k's last centre repeat that centre: argmin keeps the first of equal scores
-        last = (self.ks[active] - 1)[:, None]
-        padded = local_offsets[:, None] + torch.minimum(self.slot[None, :], last)  # [A, width]
-        return scores.index_select(1, padded.flatten()).view(-1, *padded.shape).argmin(dim=2)
-
-    def _add_rows(
-        self,
-        rows: Tensor,
-        columns: Tensor,
-        local_offsets: Tensor,
-        add: Tensor,
-        remove: Tensor | None,
-    ) -> None:
-        """Add each row to the sum and count of its cluster ``add[row, k]`` under each active k,
-        and take it out of cluster ``remove[row, k]`` (no change where the two agree)."""
-        dtype, device = self.X.dtype, self.X.device
-        delta = torch.zeros(rows.numel(), columns.numel(), dtype=dtype, device=device)
-        ones = torch.ones(add.shape, dtype=dtype, device=device)
-        delta.scatter_add_(1, local_offsets[None, :] + add, ones)
-        if remove is not None:
-            delta.scatter_add_(1, local_offsets[None, :] + remove, -ones)
-        self.sums[columns] += delta.T @ self.X[rows]
-        self.counts[columns] += delta.sum(0)
-
-    def step(self, active: Tensor) -> tuple[Tensor, Tensor]:
-        """One M-step and E-step for the k in ``active``; returns, per active k, the summed
-        squared shift of its centres and whether any label changed."""
-        columns, local_offsets = self._layout(active)
-        counts = self.counts[columns, None]
-        old = self.centres[columns]
-        new = torch.where(counts > 0, self.sums[columns] / counts.clamp_min(1), old)
-        self.centres[columns] = new
-        shift_sq = torch.zeros(self.ks.numel(), dtype=self.X.dtype, device=self.X.device)
-        shift_sq.index_add_(0, self.owner[columns], (new - old).square().sum(1))
-
-        before = self.labels[:, active]
-        after = self._nearest(columns, local_offsets, active)
-        moved = after != before
-        rows = moved.any(dim=1).nonzero()[:, 0]
-        if rows.numel():
-            self._add_rows(rows, columns, local_offsets, after[rows], before[rows])
-            self.labels[:, active] = after
-        return shift_sq[active], moved.any(dim=0)
+    Through the Gram matrix, each move adds one of its rows: N additions, bound by memory.
+    Through feature space, (M X) Xᵀ costs N·D multiply-adds at full speed per slot that a row
+    joined or left; that is cheaper beyond about D / 8 moves per such slot (the first
+    iterations, where most rows move)."""
+    slots = to if away is None else torch.cat([to, away])
+    rows = rows if away is None else torch.cat([rows, rows])
+    values = torch.ones(slots.shape, dtype=table.dtype, device=table.device)
+    values[to.numel() :] = -1
+    order = torch.argsort(slots * table.shape[1] + rows)
+    counts = torch.bincount(slots, minlength=table.shape[0])
+    starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    with warnings.catch_warnings():  # torch notes that sparse CSR is "beta" and unchecked
+        warnings.filterwarnings("ignore", "Sparse", UserWarning)
+        moves = torch.sparse_csr_tensor(
+            starts, rows[order], values[order], table.shape, check_invariants=False
+        )
+    touched = counts.nonzero()[:, 0]
+    if 8 * slots.numel() > X.shape[1] * touched.numel():
+        table.index_add_(0, touched, (moves @ X)[touched] @ X.T)
+    else:
+        table.addmm_(moves, gram)
 
 
 def kmeans_sweep(
@@ -142,34 +120,79 @@ def kmeans_sweep(
     seed: int = 0,
     max_iter: int = 300,
     tol: float = 1e-4,
-    search_dtype: torch.dtype = torch.float32,
+    gram: Tensor | None = None,
 ) -> Tensor:
     """k-means labels of the rows of float64 X [N, D] for every k in ``ks``: [N, len(ks)].
 
     Column j holds labels in [0, ks[j]). Seeded by ``seed`` through a CPU ``torch.Generator``:
-    the same draws on every device and in every process.
-
-    Cluster sums, means and shifts are float64; only the k-means++ seeding and the search for
-    each row's nearest centre run in ``search_dtype`` (float32 by default: twice as fast, on X
-    scaled to max |x| = 1 so nothing overflows). That can only decide differently between two
-    centres whose distances agree to about 1e-6, and the labels are all that k-means hands on:
-    every reported number is computed in float64 from them.
+    the same draws on every device and in every process. ``gram`` is X Xᵀ if the caller has it
+    (see :func:`gram_matrix`); it takes N² floats of memory.
     """
     if not ks:
         raise ValueError("kmeans_sweep needs at least one k")
     if min(ks) < 2 or max(ks) > X.shape[0]:
         raise ValueError(f"every k must lie in [2, N = {X.shape[0]}], got {list(ks)}")
     n, d = X.shape
-    scale = float(X.abs().max()) or 1.0
-    X_search = (X / scale).to(search_dtype)
-    seeds = kmeans_plus_plus(X_search, max(ks), torch.Generator().manual_seed(seed))
-    sweep = _Sweep(X, X_search, scale, torch.tensor(list(ks), device=X.device), seeds)
-    mean_variance = (X.square().sum() / n - X.mean(dim=0).square().sum()) / d
+    dtype, device = X.dtype, X.device
+    gram = gram_matrix(X) if gram is None else gram
+    seeds = kmeans_plus_plus(gram, max(ks), torch.Generator().manual_seed(seed))
+    mean_variance = (gram.diagonal().sum() / n - X.mean(dim=0).square().sum()) / d
     tol_abs = tol * max(float(mean_variance), 0.0)
-    active = torch.arange(len(ks), device=X.device)
+
+    # The tables hold a block per k still iterating, the sweep's k number which[a] in block a,
+    # and a slot per centre of a block, real where j < k: norms [A, width] = ||centre||² (inf
+    # on padding), scores [A, width, N] = ||centre||² - 2 <x_i, centre>, whose smallest entry
+    # over the slots is row i's nearest centre, and dots [A, width, N] = T = <S_c, x_i>.
+    width = max(ks)
+    which = torch.arange(len(ks), device=device)
+    real = torch.arange(width, device=device)[None, :] < torch.tensor(ks, device=device)[:, None]
+    norms = torch.where(real, gram.diagonal()[seeds][None, :], math.inf)
+    scores = torch.add(norms[:, :, None], gram[seeds][None], alpha=-2)
+    labels = scores.min(dim=1).indices  # [A, N]
+    result = torch.empty(len(ks), n, dtype=torch.long, device=device)
+
+    def per_slot(values: Tensor) -> Tensor:  # [A, N] -> [A, width]: sum over each cluster
+        return torch.zeros_like(norms).scatter_add_(1, labels, values)
+
+    # viewed as [A * width, N], label j of block a is row a * width + j of a table
+    dots = torch.zeros(len(ks), width, n, dtype=dtype, device=device)
+    everyone = torch.arange(n, device=device).repeat(len(ks))
+    slots = labels + width * torch.arange(len(ks), device=device)[:, None]
+    _move_rows(dots.view(-1, n), everyone, slots.flatten(), None, X, gram)
+    counts = per_slot(torch.ones(labels.shape, dtype=dtype, device=device))
     for _ in range(max_iter):
-        shift_sq, changed = sweep.step(active)
-        active = active[changed & (shift_sq > tol_abs)]
-        if not active.numel():
-            break
-    return sweep.labels
+        # M-step: centres S_c / n_c (an empty cluster keeps its centre), and how far they
+        # moved: ||new - old||² = ||new||² - 2 <new, old> + ||old||², where <new, old> is the
+        # mean over the members of <x_l, old>, read off the old scores
+        filled = counts > 0
+        size = counts.clamp_min(1)
+        members = labels[:, None, :]
+        new_norms = per_slot(dots.gather(1, members)[:, 0]) / size.square()
+        old_products = (norms.gather(1, labels) - scores.gather(1, members)[:, 0]) / 2
+        cross = per_slot(old_products) / size
+        shift_sq = torch.where(filled, new_norms - 2 * cross + norms, 0.0).sum(1)
+        norms = torch.where(filled, new_norms, norms)
+        fresh = torch.addcmul(norms[:, :, None], dots, (-2 / size)[:, :, None])
+        empty = real & ~filled
+        scores = torch.where(empty[:, :, None], scores, fresh) if empty.any() else fresh
+
+        # E-step, and the rows that changed cluster move their Gram rows between the dots
+        after = scores.min(dim=1).indices
+        moved = after != labels
+        block, row = moved.nonzero(as_tuple=True)
+        if block.numel():
+            to, away = block * width + after[block, row], block * width + labels[block, row]
+            _move_rows(dots.view(-1, n), row, to, away, X, gram)
+            ones = torch.ones(to.shape, dtype=dtype, device=device)
+            counts.view(-1).index_add_(0, to, ones).index_add_(0, away, ones, alpha=-1)
+        labels = after
+        going = moved.any(dim=1) & (shift_sq > tol_abs)
+        if not going.all():
+            result[which[~going]] = labels[~going]
+            which, labels, real = which[going], labels[going], real[going]
+            norms, scores, dots, counts = norms[going], scores[going], dots[going], counts[going]
+            if not which.numel():
+                break
+    else:
+        result[which] = labels
+    return result.T

@@ -67,10 +67,17 @@ def isoscore_from_eigenvalues(eigenvalues: Tensor) -> float:
 
 
 def partition_ratio_from_gram(X: Tensor, gram: Tensor) -> PartitionRatio:
-    """:func:`partition_ratio` of float64 rows X given gram = X^T X."""
+    """:func:`partition_ratio` of float64 rows X given gram = X^T X.
+
+    With p_i = <v, x_i> (a contiguous row of V^T X^T), hi = max p_i and lo = min p_i:
+    log Z(v) = hi + log sum_i exp(p_i - hi) and log Z(-v) = -lo + log sum_i exp(lo - p_i)."""
     _, vectors = torch.linalg.eigh(gram)
-    projections = X @ vectors
-    log_z = torch.cat([projections.logsumexp(dim=0), (-projections).logsumexp(dim=0)])
+    projections = vectors.T @ X.T  # [D, N]: row j holds <v_j, x_i> for every i
+    top = projections.amax(dim=1, keepdim=True)
+    bottom = projections.amin(dim=1, keepdim=True)
+    log_z_plus = (projections - top).exp_().sum(dim=1).log_() + top[:, 0]
+    log_z_minus = (bottom - projections).exp_().sum(dim=1).log_() - bottom[:, 0]
+    log_z = torch.cat([log_z_plus, log_z_minus])
     log_ratio = float(log_z.min() - log_z.max())
     return PartitionRatio(ratio=math.exp(log_ratio), log_ratio=log_ratio)
 
