@@ -4,6 +4,7 @@ Gram matrix and the covariance spectrum between metrics."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
@@ -49,6 +50,7 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 _FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
+_SPECTRAL_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-spectrum")
 
 
 @dataclass(frozen=True)
@@ -96,36 +98,11 @@ class ProbeMetricsConfig:
         return cls(**dict(cfg))
 
 
-def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) -> dict[str, float]:
-    """The configured metrics of the token matrix X [N, D] as a flat dict of floats (ints as
-    floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
-
-    X is validated and centred once; C^T C of the centred rows gives the covariance spectrum
-    (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
-    X^T X whose eigenvectors the partition ratio needs.
-    """
-    cfg = ProbeMetricsConfig.from_any(cfg)
-    X = as_token_matrix(X)
-    chosen = set(cfg.metrics)
-    centred = centre(X)
+def _spectral_metrics(
+    X: Tensor, centred: Tensor, chosen: set[str], cfg: ProbeMetricsConfig
+) -> dict[str, float]:
+    """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C."""
     out: dict[str, float] = {}
-    if "cos_inter" in chosen:
-        out["cos_inter"] = mean_pairwise_cosine(X)
-    if "cos_inter_centered" in chosen:
-        out["cos_inter_centered"] = mean_pairwise_cosine(centred)
-    if "cos_cluster" in chosen:
-        clusters = cluster_cosine_of_centred(
-            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
-        )
-        out.update(
-            cos_cluster=clusters.value,
-            cos_cluster_baseline=clusters.baseline,
-            cos_cluster_excess=clusters.excess,
-            n_clusters=clusters.k,
-            silhouette=clusters.silhouette,
-        )
-    if not chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
-        return {key: float(value) for key, value in out.items()}
     gram = centred.T @ centred
     if chosen & _FROM_COVARIANCE:
         eigenvalues = covariance_eigenvalues(gram, X.shape[0])
@@ -143,6 +120,47 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
         ratio = partition_ratio_from_gram(X, gram + X.shape[0] * mean[:, None] * mean[None, :])
         out["partition_ratio"] = ratio.ratio
         out["log_partition_ratio"] = ratio.log_ratio
+    return out
+
+
+def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) -> dict[str, float]:
+    """The configured metrics of the token matrix X [N, D] as a flat dict of floats (ints as
+    floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
+
+    X is validated and centred once; C^T C of the centred rows gives the covariance spectrum
+    (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
+    X^T X whose eigenvectors the partition ratio needs.
+
+    The spectral metrics are computed on a worker thread while this one clusters: the k-means
+    iterations are many small operations that leave the cores idle between them, and the
+    eigendecompositions fill those gaps. Both halves only read X; the results are the same as
+    one after the other.
+    """
+    cfg = ProbeMetricsConfig.from_any(cfg)
+    X = as_token_matrix(X)
+    chosen = set(cfg.metrics)
+    centred = centre(X)
+    spectral = None
+    if chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
+        spectral = _SPECTRAL_WORKER.submit(_spectral_metrics, X, centred, chosen, cfg)
+    out: dict[str, float] = {}
+    if "cos_inter" in chosen:
+        out["cos_inter"] = mean_pairwise_cosine(X)
+    if "cos_inter_centered" in chosen:
+        out["cos_inter_centered"] = mean_pairwise_cosine(centred)
+    if "cos_cluster" in chosen:
+        clusters = cluster_cosine_of_centred(
+            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
+        )
+        out.update(
+            cos_cluster=clusters.value,
+            cos_cluster_baseline=clusters.baseline,
+            cos_cluster_excess=clusters.excess,
+            n_clusters=clusters.k,
+            silhouette=clusters.silhouette,
+        )
+    if spectral is not None:
+        out.update(spectral.result())
     return {key: float(value) for key, value in out.items()}
 
 

@@ -4,6 +4,7 @@ invariant where the maths says so."""
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -125,3 +126,14 @@ def test_negation_and_row_order_change_nothing(separated_clusters):
         assert set(other) == set(reference)
         for key, value in reference.items():
             assert other[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+
+
+def test_callers_on_several_threads_get_the_one_at_a_time_values(separated_clusters, gaussian):
+    """The spectral half runs on a shared worker thread: concurrent callers must still get
+    exactly their own matrix's values."""
+    clouds = [separated_clusters(sizes=(60, 40), d=8, seed=s)[0] for s in range(3)]
+    clouds += [gaussian(90, 6) * 10**s for s in range(3)]
+    alone = [probe_metrics(X) for X in clouds]
+    with ThreadPoolExecutor(max_workers=len(clouds)) as callers:
+        together = list(callers.map(probe_metrics, clouds))
+    assert together == alone
