@@ -26,7 +26,6 @@ TINY = [
     "trainer=cpu",
     "trainer.enable_progress_bar=false",
     "trainer.max_epochs=1",
-    "callbacks=tests",
     "logger=csv",
     "data.max_train_windows=64",
     "data.max_eval_windows=16",

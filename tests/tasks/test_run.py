@@ -55,6 +55,18 @@ def test_without_a_logger_the_run_directory_still_holds_the_records(tiny_config,
     assert not (tmp_path / "csv").exists() and not (tmp_path / "wandb").exists()
 
 
+def test_the_probe_observes_without_changing_training(tmp_path):
+    """Eval-mode forwards, its own seeded generators: training and the sampled forecasts after
+    it are bit for bit those of a run without the probe."""
+    base = [*TINY, "model.checkpoint=scratch", "task.evaluate_before=false"]
+    probed = run_task(compose_config(tmp_path / "probed", base))
+    unprobed_base = [o for o in base if not o.startswith("callbacks.isotropy.")]
+    unprobed = run_task(compose_config(tmp_path / "unprobed", [*unprobed_base, "callbacks=none"]))
+    assert probe_csv(tmp_path / "probed").epoch.unique().tolist() == [0, 1]
+    assert not (tmp_path / "unprobed" / "probe_metrics.csv").exists()
+    assert probed["after"] == unprobed["after"]
+
+
 def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
     first_dir, second_dir = tmp_path / "first", tmp_path / "second"
     base = [*TINY, "model.checkpoint=scratch"]
