@@ -131,17 +131,19 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
     X^T X whose eigenvectors the partition ratio needs.
 
-    The spectral metrics are computed on a worker thread while this one clusters: the k-means
-    iterations are many small operations that leave the cores idle between them, and the
-    eigendecompositions fill those gaps. Both halves only read X; the results are the same as
-    one after the other.
+    On the CPU the spectral metrics are computed on a worker thread while this one clusters: the
+    k-means iterations are many small operations that leave the cores idle between them, and
+    the eigendecompositions fill those gaps. Both halves only read X; the results are the same
+    as one after the other. On an accelerator, whose kernels run asynchronously anyway, both
+    run here, on the caller's stream.
     """
     cfg = ProbeMetricsConfig.from_any(cfg)
     X = as_token_matrix(X)
     chosen = set(cfg.metrics)
     centred = centre(X)
     spectral = None
-    if chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
+    needs_spectrum = bool(chosen & (_FROM_COVARIANCE | {"partition_ratio"}))
+    if needs_spectrum and X.device.type == "cpu":
         spectral = _SPECTRAL_WORKER.submit(_spectral_metrics, X, centred, chosen, cfg)
     out: dict[str, float] = {}
     if "cos_inter" in chosen:
@@ -161,6 +163,8 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
         )
     if spectral is not None:
         out.update(spectral.result())
+    elif needs_spectrum:
+        out.update(_spectral_metrics(X, centred, chosen, cfg))
     return {key: float(value) for key, value in out.items()}
 
 

@@ -137,3 +137,12 @@ def test_callers_on_several_threads_get_the_one_at_a_time_values(separated_clust
     with ThreadPoolExecutor(max_workers=len(clouds)) as callers:
         together = list(callers.map(probe_metrics, clouds))
     assert together == alone
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_every_value_equals_the_cpu_value(separated_clusters):
+    X, _ = separated_clusters(sizes=(300, 200, 100), d=32, seed=3)
+    on_cpu, on_cuda = probe_metrics(X), probe_metrics(X.cuda())
+    assert on_cuda["n_clusters"] == on_cpu["n_clusters"]
+    for key, value in on_cpu.items():
+        assert on_cuda[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
