@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError
 
 from isoprobe.data import UnknownDatasetError
 from isoprobe.tasks import run_task
@@ -97,6 +98,12 @@ def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option)
 def test_misspelt_key_is_a_clear_hydra_error(tmp_path):
     with pytest.raises(ConfigCompositionException, match="Could not override 'data.contex_length'"):
         compose_config(tmp_path, ["data.contex_length=96"])
+
+
+def test_a_removed_required_key_is_named(tmp_path):
+    cfg = compose_config(tmp_path, [*TINY, "~data.dataset"])
+    with pytest.raises(ConfigAttributeError, match="full_key: data.dataset"):
+        run_task(cfg)
 
 
 def test_unknown_dataset_names_the_known_ones(tiny_config):
