@@ -37,6 +37,12 @@ TINY = [
 ]
 
 
+def wandb_home_env(tmp_path: Path) -> dict[str, str]:
+    """Environment that keeps W&B's files (runs, cache, settings) under tmp_path."""
+    names = ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR")
+    return {name: str(tmp_path / "wandb-home") for name in names}
+
+
 def wandb_records(offline_run: Path) -> list[dict]:
     """Every record of an offline W&B run directory, as ``wandb leet inspect --json`` prints
     them (one JSON object per line)."""

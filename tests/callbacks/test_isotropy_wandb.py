@@ -12,7 +12,7 @@ from isoprobe.callbacks import IsotropyProbe
 from lightning.pytorch.loggers import WandbLogger
 from probe_toy import ToyData, ToyForecaster
 
-from tests.conftest import wandb_records
+from tests.conftest import wandb_home_env, wandb_records
 
 
 def _number(value: object) -> float:
@@ -20,8 +20,8 @@ def _number(value: object) -> float:
 
 
 def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path, monkeypatch):
-    for name in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):
-        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    for name, value in wandb_home_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     import wandb

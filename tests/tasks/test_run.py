@@ -15,7 +15,7 @@ from omegaconf.errors import ConfigAttributeError
 
 from isoprobe.data import UnknownDatasetError
 from isoprobe.tasks import run_task
-from tests.conftest import ROOT, TINY, compose_config, wandb_records
+from tests.conftest import ROOT, TINY, compose_config, wandb_home_env, wandb_records
 
 
 def probe_csv(run_dir) -> pd.DataFrame:
@@ -160,7 +160,7 @@ def wandb_history(run_dir) -> tuple[str, list[dict]]:
 
 @pytest.mark.slow
 def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_path):
-    env = {f"WANDB_{name}": str(tmp_path / "wandb-home") for name in ("DIR", "CACHE_DIR")}
+    env = wandb_home_env(tmp_path)
     common = ["logger=wandb", "model.checkpoint=scratch", "task.evaluate_before=false"]
     run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1", env=env)
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
@@ -180,7 +180,7 @@ def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_p
 
 @pytest.mark.slow
 def test_multirun_gives_every_job_its_directory_and_wandb_run(tmp_path):
-    env = {f"WANDB_{name}": str(tmp_path / "wandb-home") for name in ("DIR", "CACHE_DIR")}
+    env = wandb_home_env(tmp_path)
     sweep = ["-m", "data=energy,weather", *TINY, "task=probe", "model.checkpoint=scratch"]
     run_py(*sweep, "logger=wandb", f"hydra.sweep.dir={tmp_path}", env=env)
     ids = set()
