@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.kmeans import gram_matrix, kmeans_sweep
+from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.silhouette import silhouette_scores
 
 
@@ -50,18 +51,29 @@ def check_cluster_range(k_min: int, k_max: int) -> None:
         )
 
 
+def sweep_ks(n_rows: int, k_min: int, k_max: int) -> list[int]:
+    """The k the sweep tries for N = ``n_rows``: k_min..min(k_max, N - 1), possibly none."""
+    return list(range(k_min, min(k_max, n_rows - 1) + 1))
+
+
 def choose_clusters(
-    centred: Tensor, k_min: int, k_max: int, min_silhouette: float, seed: int
+    centred: Tensor,
+    k_min: int,
+    k_max: int,
+    min_silhouette: float,
+    seed: int,
+    gram: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
-    """(labels, k, silhouette) of the k in [k_min, min(k_max, N - 1)] whose k-means partition
-    has the largest mean silhouette (the smallest such k on ties), or of one cluster when that
-    silhouette is below ``min_silhouette`` or no k is possible."""
+    """(labels, k, silhouette) of the k in :func:`sweep_ks` whose k-means partition has the
+    largest mean silhouette (the smallest such k on ties), or of one cluster when that
+    silhouette is below ``min_silhouette`` or no k is possible. ``gram`` is the rows' Gram
+    matrix if the caller has it."""
     n = centred.shape[0]
-    ks = list(range(k_min, min(k_max, n - 1) + 1))
+    ks = sweep_ks(n, k_min, k_max)
     one_cluster = torch.zeros(n, dtype=torch.long, device=centred.device)
     if not ks:
         return one_cluster, 1, math.nan
-    gram = gram_matrix(centred)
+    gram = gram_matrix(centred) if gram is None else gram
     labels = kmeans_sweep(centred, ks, seed=seed, gram=gram)
     scores = silhouette_scores(centred, labels, gram=gram)
     best = int(scores.argmax())
@@ -98,11 +110,17 @@ def within_cluster_cosines(centred: Tensor, labels: Tensor, k: int) -> tuple[Ten
 
 
 def cluster_cosine_of_centred(
-    centred: Tensor, k_min: int, k_max: int, min_silhouette: float, seed: int
+    centred: Tensor,
+    k_min: int,
+    k_max: int,
+    min_silhouette: float,
+    seed: int,
+    gram: Tensor | None = None,
 ) -> ClusterCosine:
-    """:func:`cluster_adjusted_cosine` of validated, globally centred float64 rows."""
+    """:func:`cluster_adjusted_cosine` of validated, globally centred float64 rows (``gram``:
+    their Gram matrix, if the caller has it)."""
     check_cluster_range(k_min, k_max)
-    labels, k, silhouette = choose_clusters(centred, k_min, k_max, min_silhouette, seed)
+    labels, k, silhouette = choose_clusters(centred, k_min, k_max, min_silhouette, seed, gram)
     cosines, used = within_cluster_cosines(centred, labels, k)
     sizes = tuple(torch.bincount(labels, minlength=k).tolist())
     measured = used >= 2

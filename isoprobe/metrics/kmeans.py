@@ -37,21 +37,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-BLOCK_ROWS = 256
-
-
-def gram_matrix(X: Tensor, block_rows: int = BLOCK_ROWS) -> Tensor:
-    """X Xᵀ, exactly symmetric: each panel of ``block_rows`` rows is multiplied with the rows
-    from its own on; what lies below the diagonal is copied from above it."""
-    n = X.shape[0]
-    gram = torch.empty(n, n, dtype=X.dtype, device=X.device)
-    for i in range(0, n, block_rows):
-        rows = slice(i, i + block_rows)
-        torch.mm(X[rows], X[i:].T, out=gram[rows, i:])
-        diagonal = gram[rows, rows]
-        diagonal.copy_(diagonal.triu() + diagonal.triu(1).T)
-        gram[i + block_rows :, rows] = gram[rows, i + block_rows :].T
-    return gram
+from isoprobe.metrics.gram import gram_matrix
 
 
 def kmeans_plus_plus(gram: Tensor, n_centres: int, generator: torch.Generator) -> Tensor:
@@ -126,7 +112,7 @@ def kmeans_sweep(
 
     Column j holds labels in [0, ks[j]). Seeded by ``seed`` through a CPU ``torch.Generator``:
     the same draws on every device and in every process. ``gram`` is X Xᵀ if the caller has it
-    (see :func:`gram_matrix`); it takes N² floats of memory.
+    (see :func:`~isoprobe.metrics.gram.gram_matrix`); it takes N² floats of memory.
     """
     if not ks:
         raise ValueError("kmeans_sweep needs at least one k")

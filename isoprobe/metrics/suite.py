@@ -11,8 +11,13 @@ from types import MappingProxyType
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.clustering import check_cluster_range, cluster_cosine_of_centred
+from isoprobe.metrics.clustering import (
+    check_cluster_range,
+    cluster_cosine_of_centred,
+    sweep_ks,
+)
 from isoprobe.metrics.cosine import mean_pairwise_cosine
+from isoprobe.metrics.gram import gram_matrix
 from isoprobe.metrics.rank import rank_from_singular_values
 from isoprobe.metrics.spectrum import (
     covariance_eigenvalues,
@@ -103,7 +108,8 @@ def _spectral_metrics(
 ) -> dict[str, float]:
     """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C."""
     out: dict[str, float] = {}
-    gram = centred.T @ centred
+    # half the products of centred.T @ centred; narrow panels suit its few (D) rows
+    gram = gram_matrix(centred.T.contiguous(), block_rows=128)
     if chosen & _FROM_COVARIANCE:
         eigenvalues = covariance_eigenvalues(gram, X.shape[0])
         if "eff_dim" in chosen:
@@ -141,6 +147,12 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     X = as_token_matrix(X)
     chosen = set(cfg.metrics)
     centred = centre(X)
+    # the Gram matrix first, with every core: the worker would only compete with it
+    clustering = "cos_cluster" in chosen
+    if clustering:
+        check_cluster_range(cfg.k_min, cfg.k_max)
+    sweeping = clustering and bool(sweep_ks(X.shape[0], cfg.k_min, cfg.k_max))
+    gram = gram_matrix(centred) if sweeping else None
     spectral = None
     needs_spectrum = bool(chosen & (_FROM_COVARIANCE | {"partition_ratio"}))
     if needs_spectrum and X.device.type == "cpu":
@@ -150,9 +162,9 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
         out["cos_inter"] = mean_pairwise_cosine(X)
     if "cos_inter_centered" in chosen:
         out["cos_inter_centered"] = mean_pairwise_cosine(centred)
-    if "cos_cluster" in chosen:
+    if clustering:
         clusters = cluster_cosine_of_centred(
-            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
+            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed, gram
         )
         out.update(
             cos_cluster=clusters.value,

@@ -10,7 +10,8 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from isoprobe.metrics import kmeans_sweep
-from isoprobe.metrics.kmeans import _move_rows, gram_matrix, kmeans_plus_plus
+from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.kmeans import _move_rows, kmeans_plus_plus
 
 
 def test_true_k_recovers_the_clusters_as_sklearn_does(separated_clusters):

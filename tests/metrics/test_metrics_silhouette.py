@@ -8,7 +8,7 @@ import torch
 from sklearn.metrics import silhouette_score
 
 from isoprobe.metrics import silhouette_scores
-from isoprobe.metrics.kmeans import gram_matrix
+from isoprobe.metrics.gram import gram_matrix
 
 
 def labelings(X: torch.Tensor) -> torch.Tensor:
