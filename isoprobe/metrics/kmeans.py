@@ -11,7 +11,7 @@ loses K[l] and row c' gains it: N additions per move, where recomputing the dist
 N·D multiply-adds per centre and iteration. After its first iterations Lloyd moves few rows,
 so an iteration costs little more than its O(N·k) bookkeeping.
 
-Three more things make a sweep over k = 2..16 cheap:
+Four more things make a sweep over k = 2..16 cheap:
 
 * one greedy k-means++ seeding of max(k) centres serves every k: the seeding is sequential and
   its j-th centre depends only on the earlier ones, so its first k centres are a k-means++
@@ -19,7 +19,9 @@ Three more things make a sweep over k = 2..16 cheap:
 * all k iterate together: the tables are [A, w, N], block a for the a-th k still iterating and
   w = max(k), slots past a block's k holding centres at infinite distance; the moves of all
   blocks go into one sparse product per iteration;
-* a k that has stopped leaves the tables.
+* a k that has stopped leaves the tables;
+* on the CPU, once the moves are few, the remaining iterations of every k run in one compiled
+  loop (:mod:`isoprobe.metrics.lloyd_cpu`), free of the per-operator cost of eager PyTorch.
 
 Everything is float64: the labels are those of plain Lloyd with float64 distances (on an exact
 tie, the first nearest centre). Stopping follows scikit-learn's Lloyd: a k stops when no label
@@ -38,6 +40,7 @@ import torch
 from torch import Tensor
 
 from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.lloyd_cpu import finish_lloyd
 
 
 def kmeans_plus_plus(gram: Tensor, n_centres: int, generator: torch.Generator) -> Tensor:
@@ -107,12 +110,17 @@ def kmeans_sweep(
     max_iter: int = 300,
     tol: float = 1e-4,
     gram: Tensor | None = None,
+    compiled_tail: bool = True,
 ) -> Tensor:
     """k-means labels of the rows of float64 X [N, D] for every k in ``ks``: [N, len(ks)].
 
     Column j holds labels in [0, ks[j]). Seeded by ``seed`` through a CPU ``torch.Generator``:
     the same draws on every device and in every process. ``gram`` is X Xᵀ if the caller has it
     (see :func:`~isoprobe.metrics.gram.gram_matrix`); it takes N² floats of memory.
+
+    On the CPU, once an iteration moves at most N rows in all, the remaining iterations
+    run in :func:`~isoprobe.metrics.lloyd_cpu.finish_lloyd` (``compiled_tail=False``: every
+    iteration in PyTorch, as on an accelerator).
     """
     if not ks:
         raise ValueError("kmeans_sweep needs at least one k")
@@ -146,7 +154,8 @@ def kmeans_sweep(
     slots = labels + width * torch.arange(len(ks), device=device)[:, None]
     _move_rows(dots.view(-1, n), everyone, slots.flatten(), None, X, gram)
     counts = per_slot(torch.ones(labels.shape, dtype=dtype, device=device))
-    for _ in range(max_iter):
+    compiled_tail = compiled_tail and device.type == "cpu"
+    for iteration in range(max_iter):
         # M-step: centres S_c / n_c (an empty cluster keeps its centre), and how far they
         # moved: ||new - old||² = ||new||² - 2 <new, old> + ||old||², where <new, old> is the
         # mean over the members of <x_l, old>, read off the old scores
@@ -179,6 +188,12 @@ def kmeans_sweep(
             norms, scores, dots, counts = norms[going], scores[going], dots[going], counts[going]
             if not which.numel():
                 break
+        if compiled_tail and block.numel() <= n:
+            state = [t.contiguous().numpy() for t in (dots, counts, labels, norms, scores)]
+            ks_left, left = real.sum(dim=1).numpy(), max_iter - iteration - 1
+            finish_lloyd(gram.contiguous().numpy(), *state, ks_left, tol_abs, left)
+            result[which] = torch.from_numpy(state[2])
+            break
     else:
         result[which] = labels
     return result.T

@@ -1,5 +1,5 @@
 """kmeans_sweep: recovers separated clusters, ends at a Lloyd fixed point, gives exactly the
-labels of plain Lloyd, handles ties."""
+labels of plain Lloyd (with its late iterations compiled, and all in PyTorch), handles ties."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import torch
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
+import isoprobe.metrics.kmeans as kmeans_module
 from isoprobe.metrics import kmeans_sweep
 from isoprobe.metrics.gram import gram_matrix
 from isoprobe.metrics.kmeans import _move_rows, kmeans_plus_plus
+from isoprobe.metrics.lloyd_cpu import finish_lloyd
 
 
 def test_true_k_recovers_the_clusters_as_sklearn_does(separated_clusters):
@@ -41,14 +43,17 @@ def test_without_tolerance_every_k_ends_at_a_lloyd_fixed_point(gaussian):
         assert np.all(own <= dist.min(1) * (1 + 1e-12))
 
 
-def plain_lloyd(X: np.ndarray, seeds: np.ndarray, k: int, tol: float, max_iter: int = 300):
-    """Textbook Lloyd in float64 from the centres X[seeds[:k]], stopping as kmeans_sweep
-    documents (no label changed, or squared centre shift <= tol * mean feature variance); an
-    empty cluster keeps its centre."""
+def plain_lloyd(
+    X: np.ndarray, centres: np.ndarray, tol: float, labels: np.ndarray | None = None
+) -> np.ndarray:
+    """Textbook Lloyd in float64 from ``centres`` (and their ``labels``, if given), stopping
+    as kmeans_sweep documents (no label changed, or squared centre shift <= tol * mean feature
+    variance) or after 300 iterations; an empty cluster keeps its centre."""
     tol_abs = tol * X.var(axis=0).mean()
-    centres = X[seeds[:k]]
-    labels = ((X[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
-    for _ in range(max_iter):
+    k = len(centres)
+    if labels is None:
+        labels = ((X[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
+    for _ in range(300):
         new = np.stack(
             [X[labels == c].mean(0) if (labels == c).any() else centres[c] for c in range(k)]
         )
@@ -62,15 +67,31 @@ def plain_lloyd(X: np.ndarray, seeds: np.ndarray, k: int, tol: float, max_iter: 
     return labels
 
 
+@pytest.fixture
+def compiled_calls(monkeypatch):
+    """How many times kmeans_sweep handed its late iterations to the compiled kernel."""
+    calls = []
+
+    def spy(*args):
+        calls.append(args[0].shape[0])
+        return finish(*args)
+
+    finish = kmeans_module.finish_lloyd
+    monkeypatch.setattr(kmeans_module, "finish_lloyd", spy)
+    return calls
+
+
+@pytest.mark.parametrize("compiled_tail", [True, False])
 @pytest.mark.parametrize("tol", [1e-4, 0.0])
 @pytest.mark.parametrize("cloud", ["gaussian", "anisotropic", "wide", "clusters"])
 def test_labels_are_those_of_plain_lloyd_from_the_same_seeds(
-    gaussian, separated_clusters, cloud, tol
+    gaussian, separated_clusters, compiled_calls, cloud, tol, compiled_tail
 ):
     # The sweep runs on the Gram matrix, all k together, with incremental cluster sums; the
-    # labels must still be exactly those of Lloyd done the plain way, k by k. ("wide" has
-    # enough features that the cluster sums are updated both through the Gram matrix and,
-    # at first, through feature space.)
+    # labels must still be exactly those of Lloyd done the plain way, k by k, whether the
+    # late iterations run in the compiled kernel or in PyTorch. ("wide" has enough features
+    # that the cluster sums are updated both through the Gram matrix and, at first, through
+    # feature space.)
     if cloud == "gaussian":
         X = gaussian(500, 12, seed=1)
     elif cloud == "anisotropic":
@@ -81,11 +102,44 @@ def test_labels_are_those_of_plain_lloyd_from_the_same_seeds(
         X, _ = separated_clusters(sizes=(150, 100, 60, 30), d=16, seed=4)
     ks = list(range(2, 17))
     seed = 6
-    labels = kmeans_sweep(X, ks, seed=seed, tol=tol).numpy()
+    labels = kmeans_sweep(X, ks, seed=seed, tol=tol, compiled_tail=compiled_tail).numpy()
+    assert bool(compiled_calls) == compiled_tail
     seeds = kmeans_plus_plus(gram_matrix(X), max(ks), torch.Generator().manual_seed(seed))
     for j, k in enumerate(ks):
-        expected = plain_lloyd(X.numpy(), seeds.numpy(), k, tol)
+        expected = plain_lloyd(X.numpy(), X.numpy()[seeds[:k]], tol)
         assert np.array_equal(labels[:, j], expected), f"k = {k}"
+
+
+def run_kernel(points: np.ndarray, centres: np.ndarray) -> list[np.ndarray]:
+    """finish_lloyd on one block, from the state after an E-step against ``centres`` (labels
+    = nearest centre, the first on a tie); returns its state: tables, sizes, labels, centre
+    norms, scores."""
+    labels = ((points[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1)
+    onehot = np.eye(len(centres))[labels].T
+    gram = points @ points.T
+    norms = (centres**2).sum(1)
+    scores = norms[:, None] - 2 * centres @ points.T
+    state = [a[None].copy() for a in (onehot @ gram, onehot.sum(1), labels, norms, scores)]
+    finish_lloyd(gram, *state, np.array([len(centres)]), 0.0, 300)
+    return [a[0] for a in state]
+
+
+def test_compiled_kernel_keeps_an_empty_clusters_centre(gaussian):
+    # centre 2 is so far away that it never has members: plain Lloyd from the same centres
+    # keeps it, and so must the kernel
+    points = gaussian(300, 5, seed=8).numpy()
+    centres = np.concatenate([points[[0, 1]], np.full((1, 5), 1e3), points[[2]]])
+    _, sizes, labels, norms, _ = run_kernel(points, centres)
+    assert np.array_equal(labels, plain_lloyd(points, centres, tol=0.0))
+    assert sizes[2] == 0 and norms[2] == (centres[2] ** 2).sum()
+
+
+def test_compiled_kernel_gives_a_tie_to_the_first_centre():
+    # centres -1.5 and 1.5 are the means of {-3, 0} and {1.5}: the row at 0 is exactly as far
+    # from both, stays with the first, and nothing moves
+    points = np.array([[-3.0], [0.0], [1.5]])
+    _, _, labels, _, _ = run_kernel(points, np.array([[-1.5], [1.5]]))
+    assert labels.tolist() == [0, 0, 1]
 
 
 @pytest.mark.parametrize("n_moves", [3, 400])
