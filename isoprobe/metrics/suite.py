@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+import torch
+from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
@@ -55,7 +57,19 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 _FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
-_SPECTRAL_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-spectrum")
+
+
+def _share_the_cores() -> None:
+    """Start of the spectral worker: half of torch's intra-op threads for its OpenMP (and so
+    MKL) calls, so that the worker and the clustering caller share the cores instead of each
+    asking for all of them. OpenMP's thread count is a per-thread setting: the caller's
+    stays as it is."""
+    threadpool_limits(max(1, torch.get_num_threads() // 2), user_api="openmp")
+
+
+_SPECTRAL_WORKER = ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="isoprobe-spectrum", initializer=_share_the_cores
+)
 
 
 @dataclass(frozen=True)

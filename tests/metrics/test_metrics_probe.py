@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import isoprobe.metrics.suite as suite
 from isoprobe.metrics import (
     ALL_METRICS,
     ProbeMetricsConfig,
@@ -137,6 +138,16 @@ def test_callers_on_several_threads_get_the_one_at_a_time_values(separated_clust
     with ThreadPoolExecutor(max_workers=len(clouds)) as callers:
         together = list(callers.map(probe_metrics, clouds))
     assert together == alone
+
+
+def test_the_worker_takes_half_the_threads_and_leaves_the_callers(gaussian):
+    """The spectral worker limits its own OpenMP threads to half of torch's; the caller's
+    thread count, which the rest of the process uses, is not touched."""
+    threads = torch.get_num_threads()
+    probe_metrics(gaussian(50, 4))
+    worker_threads = suite._SPECTRAL_WORKER.submit(torch.get_num_threads).result()
+    assert worker_threads == max(1, threads // 2)
+    assert torch.get_num_threads() == threads
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
