@@ -13,6 +13,9 @@ dominant directions); ``unstructured`` = one anisotropic Gaussian with the offse
 spectrum (no clusters); ``diffuse`` = one Gaussian with a slowly decaying spectrum, where no
 silhouette reaches 0.1 (both should pick one cluster) and k-means needs many iterations.
 
+Every timed call starts after a short pause (``SETTLE_S``), so that no call pays for the
+idle spinning of the threads of the library that ran before it.
+
 Then the probe's share of a fine-tuning epoch of the default run (``model=chronos data=energy``,
 logger off): the wall time of IsotropyProbe's end-of-epoch hook (forward pass, metrics, CSV,
 plots) over the wall time of the whole epoch (training, validation with forecasts, probe).
@@ -41,12 +44,21 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from isoprobe.metrics import ProbeMetricsConfig, probe_metrics
+from isoprobe.metrics._tokens import centre
+from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.kmeans import kmeans_sweep
+from isoprobe.metrics.silhouette import silhouette_scores
 from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 K_RANGE = range(2, 17)
 MIN_SILHOUETTE = 0.1
+#: Pause before every timed call. After each call, OpenBLAS's worker threads (numpy's and
+#: scikit-learn's) keep spinning for about 0.1 s (OpenBLAS's THREAD_TIMEOUT, 2^28 cycles) and
+#: take a core from whatever runs next; without the pause, a call timed right after the
+#: reference runs up to a third slower (``OPENBLAS_THREAD_TIMEOUT=4`` removes that too).
+SETTLE_S = 0.25
 
 
 def anisotropic_gaussian(
@@ -115,7 +127,8 @@ def reference_cluster_cosine(X: np.ndarray) -> tuple[float, int, float]:
 
 
 def timed(fn, *args):
-    """(seconds, result) of one call."""
+    """(seconds, result) of one call, started after a pause of ``SETTLE_S``."""
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
     result = fn(*args)
     return time.perf_counter() - start, result
@@ -142,6 +155,50 @@ def measure(X: np.ndarray, repeats: int, ref_repeats: int) -> dict:
     if ref:
         row.update(ref_s=min(ref), ref_k=ref_k, ref_sil=ref_sil, ref_cos=ref_cos)
     return row
+
+
+def stage_times(X: np.ndarray, repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` milliseconds of each stage of the suite, run one after the other:
+    the fixed linear algebra (Gram matrix, covariance product, the two eigendecompositions,
+    the partition function's projections, the silhouettes) and the data-dependent k-means."""
+    tokens = torch.as_tensor(X)
+    centred = centre(tokens)
+    gram = gram_matrix(centred)
+    uncentred = tokens.T @ tokens
+    vectors = torch.linalg.eigh(uncentred).eigenvectors
+    ks = list(K_RANGE)
+    labels = kmeans_sweep(centred, ks, gram=gram)
+    stages = {
+        "gram": lambda: gram_matrix(centred),
+        "cov": lambda: gram_matrix(centred.T.contiguous(), block_rows=128),
+        "eigvalsh": lambda: torch.linalg.eigvalsh(uncentred),
+        "eigh": lambda: torch.linalg.eigh(uncentred),
+        "proj": lambda: vectors.T @ tokens.T,
+        "silhouette": lambda: silhouette_scores(centred, labels, gram=gram),
+        "kmeans": lambda: kmeans_sweep(centred, ks, gram=gram),
+    }
+    return {
+        name: 1e3 * min(timed(stage)[0] for _ in range(repeats)) for name, stage in stages.items()
+    }
+
+
+def print_breakdown(rows: list[dict]) -> None:
+    """Per cloud, each stage's time, the fixed stages' sum and the budget a 10x target leaves."""
+    names = list(rows[0]["stages"])
+    header = f"{'cloud':<13}{'N':>6}" + "".join(f"{n:>11}" for n in names)
+    header += f"{'fixed':>8}{'all':>7}{'ref/10':>8}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in rows:
+        stages = r["stages"]
+        fixed = sum(v for n, v in stages.items() if n != "kmeans")
+        line = f"{r['cloud']:<13}{r['N']:>6}" + "".join(f"{stages[n]:>11.1f}" for n in names)
+        line += f"{fixed:>8.0f}{fixed + stages['kmeans']:>7.0f}"
+        line += f"{1e2 * r['ref_s']:>8.0f}" if "ref_s" in r else f"{'-':>8}"
+        print(line)
+    print(
+        "milliseconds, each stage alone and best of the repeats; fixed = all but k-means, which "
+        "is what the suite computes whatever the data; ref/10 = the time a 10x target allows"
+    )
 
 
 def print_table(rows: list[dict]) -> None:
@@ -226,6 +283,9 @@ def main() -> None:
         help="run the sklearn reference only up to this N (about 30 s at N = 8000)",
     )
     parser.add_argument("--threads", type=int, default=None, help="limit torch and sklearn")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time each stage of the suite alone"
+    )
     parser.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs timed (0 = skip)")
     parser.add_argument(
         "--override", nargs="*", default=[], help="Hydra overrides of the timed fine-tuning run"
@@ -252,7 +312,10 @@ def main() -> None:
         if n > args.reference_max_n:
             ref_repeats = 0
         repeats = args.repeats if n <= 2000 else min(args.repeats, 2)
-        row = measure(clouds[name](n, args.dim, args.seed), repeats, ref_repeats)
+        X = clouds[name](n, args.dim, args.seed)
+        row = measure(X, repeats, ref_repeats)
+        if args.breakdown:
+            row["stages"] = stage_times(X, repeats)
         rows.append({"cloud": name, "N": n, **row})
     print_table(rows)
     print(
@@ -261,6 +324,8 @@ def main() -> None:
         f"silhouette_score for k = 2..16 + cluster cosine, best of {args.ref_repeats} (1 above "
         f"N = 2000); x = ref time / ours. Load average now {os.getloadavg()[0]:.2f}"
     )
+    if args.breakdown:
+        print_breakdown(rows)
     if args.epochs:
         print("\nprobe share of a fine-tuning epoch (model=chronos data=energy, logger off)")
         for epoch, probe_s, epoch_s in probe_share_of_epoch(args.epochs, args.override):
