@@ -3,10 +3,11 @@ Gram matrix and the covariance spectrum between metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from types import MappingProxyType
+from typing import TypeVar
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -57,19 +58,31 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 _FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
+T = TypeVar("T")
 
 
-def _share_the_cores() -> None:
-    """Start of the spectral worker: half of torch's intra-op threads for its OpenMP (and so
-    MKL) calls, so that the worker and the clustering caller share the cores instead of each
-    asking for all of them. OpenMP's thread count is a per-thread setting: the caller's
-    stays as it is."""
-    threadpool_limits(max(1, torch.get_num_threads() // 2), user_api="openmp")
+class _SpectralWorker:
+    """One thread beside the caller for the spectral half of :func:`probe_metrics`. Its OpenMP
+    (and so MKL) calls run on half of the caller's torch threads, so that the two halves share
+    the cores instead of each asking for all of them. OpenMP's thread count is a per-thread
+    setting: the caller's stays as it is."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-spectrum")
+        self._threads: int | None = None  # the worker thread's setting; only it reads or sets
+
+    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+        """``fn(*args)`` on the worker thread."""
+        return self._pool.submit(self._run, max(1, torch.get_num_threads() // 2), fn, *args)
+
+    def _run(self, threads: int, fn: Callable[..., T], *args: object) -> T:
+        if threads != self._threads:
+            threadpool_limits(threads, user_api="openmp")
+            self._threads = threads
+        return fn(*args)
 
 
-_SPECTRAL_WORKER = ThreadPoolExecutor(
-    max_workers=1, thread_name_prefix="isoprobe-spectrum", initializer=_share_the_cores
-)
+_SPECTRAL_WORKER = _SpectralWorker()
 
 
 @dataclass(frozen=True)

@@ -140,14 +140,19 @@ def test_callers_on_several_threads_get_the_one_at_a_time_values(separated_clust
     assert together == alone
 
 
-def test_the_worker_takes_half_the_threads_and_leaves_the_callers(gaussian):
-    """The spectral worker limits its own OpenMP threads to half of torch's; the caller's
-    thread count, which the rest of the process uses, is not touched."""
+def test_the_worker_takes_half_the_callers_threads_and_leaves_the_callers(gaussian):
+    """The spectral worker runs on half of the caller's torch threads, whatever they are at
+    the time; the caller's thread count, which the rest of the process uses, is not touched."""
     threads = torch.get_num_threads()
-    probe_metrics(gaussian(50, 4))
-    worker_threads = suite._SPECTRAL_WORKER.submit(torch.get_num_threads).result()
-    assert worker_threads == max(1, threads // 2)
-    assert torch.get_num_threads() == threads
+    try:
+        for caller_threads in (4, 1, threads):
+            torch.set_num_threads(caller_threads)
+            probe_metrics(gaussian(50, 4))
+            worker = suite._SPECTRAL_WORKER.submit(torch.get_num_threads).result()
+            assert worker == max(1, caller_threads // 2)
+            assert torch.get_num_threads() == caller_threads
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
