@@ -58,7 +58,7 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 _FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class _SpectralWorker:
@@ -71,11 +71,11 @@ class _SpectralWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-spectrum")
         self._threads: int | None = None  # the worker thread's setting; only it reads or sets
 
-    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+    def submit(self, fn: Callable[..., _T], *args: object) -> Future[_T]:
         """``fn(*args)`` on the worker thread."""
         return self._pool.submit(self._run, max(1, torch.get_num_threads() // 2), fn, *args)
 
-    def _run(self, threads: int, fn: Callable[..., T], *args: object) -> T:
+    def _run(self, threads: int, fn: Callable[..., _T], *args: object) -> _T:
         if threads != self._threads:
             threadpool_limits(threads, user_api="openmp")
             self._threads = threads
@@ -176,8 +176,6 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     centred = centre(X)
     # the Gram matrix first, with every core: the worker would only compete with it
     clustering = "cos_cluster" in chosen
-    if clustering:
-        check_cluster_range(cfg.k_min, cfg.k_max)
     sweeping = clustering and bool(sweep_ks(X.shape[0], cfg.k_min, cfg.k_max))
     gram = gram_matrix(centred) if sweeping else None
     spectral = None
