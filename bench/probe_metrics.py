@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from isoprobe.metrics import ProbeMetricsConfig, probe_metrics
 from isoprobe.metrics._tokens import centre
-from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.gram import feature_gram, gram_matrix
 from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.silhouette import silhouette_scores
 from isoprobe.tasks.runner import build_model
@@ -164,13 +164,13 @@ def stage_times(X: np.ndarray, repeats: int) -> dict[str, float]:
     tokens = torch.as_tensor(X)
     centred = centre(tokens)
     gram = gram_matrix(centred)
-    uncentred = tokens.T @ tokens
+    uncentred = feature_gram(tokens)
     vectors = torch.linalg.eigh(uncentred).eigenvectors
     ks = list(K_RANGE)
     labels = kmeans_sweep(centred, ks, gram=gram)
     stages = {
         "gram": lambda: gram_matrix(centred),
-        "cov": lambda: gram_matrix(centred.T.contiguous(), block_rows=128),
+        "cov": lambda: feature_gram(centred),
         "eigvalsh": lambda: torch.linalg.eigvalsh(uncentred),
         "eigh": lambda: torch.linalg.eigh(uncentred),
         "proj": lambda: vectors.T @ tokens.T,

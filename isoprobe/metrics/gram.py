@@ -1,5 +1,5 @@
-"""The Gram matrix X Xᵀ of token rows, which the k-means sweep, the silhouettes and (for Xᵀ)
-the covariance spectrum share."""
+"""Gram matrices of token rows: X Xᵀ, which the k-means sweep and the silhouettes share, and
+Xᵀ X, from which the spectral metrics start."""
 
 from __future__ import annotations
 
@@ -21,3 +21,9 @@ def gram_matrix(X: Tensor, block_rows: int = BLOCK_ROWS) -> Tensor:
         diagonal.copy_(diagonal.triu() + diagonal.triu(1).T)
         gram[i + block_rows :, rows] = gram[rows, i + block_rows :].T
     return gram
+
+
+def feature_gram(X: Tensor) -> Tensor:
+    """Xᵀ X, exactly symmetric, from half the products (:func:`gram_matrix` of Xᵀ; narrow
+    panels suit its few rows, one per feature)."""
+    return gram_matrix(X.T.contiguous(), block_rows=128)

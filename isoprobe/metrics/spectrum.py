@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
+from isoprobe.metrics.gram import feature_gram
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def partition_ratio_from_gram(X: Tensor, gram: Tensor) -> PartitionRatio:
 
 def _eigenvalues(X: Tensor) -> Tensor:
     centred = centre(as_token_matrix(X))
-    return covariance_eigenvalues(centred.T @ centred, centred.shape[0])
+    return covariance_eigenvalues(feature_gram(centred), centred.shape[0])
 
 
 def effective_dimension(X: Tensor, threshold: float = 0.8) -> int:
@@ -113,4 +114,4 @@ def partition_ratio(X: Tensor) -> PartitionRatio:
     eigensolver's sign convention. 1 = isotropic.
     """
     X = as_token_matrix(X)
-    return partition_ratio_from_gram(X, X.T @ X)
+    return partition_ratio_from_gram(X, feature_gram(X))

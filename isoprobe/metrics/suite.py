@@ -20,7 +20,7 @@ from isoprobe.metrics.clustering import (
     sweep_ks,
 )
 from isoprobe.metrics.cosine import mean_pairwise_cosine
-from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.gram import feature_gram, gram_matrix
 from isoprobe.metrics.rank import rank_from_singular_values
 from isoprobe.metrics.spectrum import (
     covariance_eigenvalues,
@@ -135,8 +135,7 @@ def _spectral_metrics(
 ) -> dict[str, float]:
     """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C."""
     out: dict[str, float] = {}
-    # half the products of centred.T @ centred; narrow panels suit its few (D) rows
-    gram = gram_matrix(centred.T.contiguous(), block_rows=128)
+    gram = feature_gram(centred)
     if chosen & _FROM_COVARIANCE:
         eigenvalues = covariance_eigenvalues(gram, X.shape[0])
         if "eff_dim" in chosen:
@@ -164,11 +163,11 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
     X^T X whose eigenvectors the partition ratio needs.
 
-    On the CPU the spectral metrics are computed on a worker thread while this one clusters: the
-    k-means iterations are many small operations that leave the cores idle between them, and
-    the eigendecompositions fill those gaps. Both halves only read X; the results are the same
-    as one after the other. On an accelerator, whose kernels run asynchronously anyway, both
-    run here, on the caller's stream.
+    On the CPU the spectral metrics are computed on a worker thread, on half of the caller's
+    threads, while this one clusters with the Gram matrix it computed first, with every core.
+    Both halves only read X; the results are the same as one after the other. On an
+    accelerator, whose kernels run asynchronously anyway, both run here, on the caller's
+    stream.
     """
     cfg = ProbeMetricsConfig.from_any(cfg)
     X = as_token_matrix(X)
