@@ -3,24 +3,16 @@ Gram matrix and the covariance spectrum between metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import TypeVar
 
-import torch
-from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.clustering import (
-    check_cluster_range,
-    cluster_cosine_of_centred,
-    sweep_ks,
-)
+from isoprobe.metrics.clustering import check_cluster_range, cluster_cosine_of_centred
 from isoprobe.metrics.cosine import mean_pairwise_cosine
-from isoprobe.metrics.gram import feature_gram, gram_matrix
+from isoprobe.metrics.gram import feature_gram
 from isoprobe.metrics.rank import rank_from_singular_values
 from isoprobe.metrics.spectrum import (
     covariance_eigenvalues,
@@ -58,31 +50,6 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     }
 )
 _FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
-_T = TypeVar("_T")
-
-
-class _SpectralWorker:
-    """One thread beside the caller for the spectral half of :func:`probe_metrics`. Its OpenMP
-    (and so MKL) calls run on half of the caller's torch threads, so that the two halves share
-    the cores instead of each asking for all of them. OpenMP's thread count is a per-thread
-    setting: the caller's stays as it is."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-spectrum")
-        self._threads: int | None = None  # the worker thread's setting; only it reads or sets
-
-    def submit(self, fn: Callable[..., _T], *args: object) -> Future[_T]:
-        """``fn(*args)`` on the worker thread."""
-        return self._pool.submit(self._run, max(1, torch.get_num_threads() // 2), fn, *args)
-
-    def _run(self, threads: int, fn: Callable[..., _T], *args: object) -> _T:
-        if threads != self._threads:
-            threadpool_limits(threads, user_api="openmp")
-            self._threads = threads
-        return fn(*args)
-
-
-_SPECTRAL_WORKER = _SpectralWorker()
 
 
 @dataclass(frozen=True)
@@ -159,36 +126,25 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     """The configured metrics of the token matrix X [N, D] as a flat dict of floats (ints as
     floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
 
-    X is validated and centred once; C^T C of the centred rows gives the covariance spectrum
+    X is validated and centred once; the Gram matrix of the centred rows serves the k-means
+    sweep and the silhouettes; C^T C of the centred rows gives the covariance spectrum
     (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
-    X^T X whose eigenvectors the partition ratio needs.
-
-    On the CPU the spectral metrics are computed on a worker thread, on half of the caller's
-    threads, while this one clusters with the Gram matrix it computed first, with every core.
-    Both halves only read X; the results are the same as one after the other. On an
-    accelerator, whose kernels run asynchronously anyway, both run here, on the caller's
-    stream.
+    X^T X whose eigenvectors the partition ratio needs. Everything runs on the caller's thread
+    with torch's threads: on a CPU the stages are large matrix products that use every core,
+    so running the clustering and the spectrum side by side only makes them compete.
     """
     cfg = ProbeMetricsConfig.from_any(cfg)
     X = as_token_matrix(X)
     chosen = set(cfg.metrics)
     centred = centre(X)
-    # the Gram matrix first, with every core: the worker would only compete with it
-    clustering = "cos_cluster" in chosen
-    sweeping = clustering and bool(sweep_ks(X.shape[0], cfg.k_min, cfg.k_max))
-    gram = gram_matrix(centred) if sweeping else None
-    spectral = None
-    needs_spectrum = bool(chosen & (_FROM_COVARIANCE | {"partition_ratio"}))
-    if needs_spectrum and X.device.type == "cpu":
-        spectral = _SPECTRAL_WORKER.submit(_spectral_metrics, X, centred, chosen, cfg)
     out: dict[str, float] = {}
     if "cos_inter" in chosen:
         out["cos_inter"] = mean_pairwise_cosine(X)
     if "cos_inter_centered" in chosen:
         out["cos_inter_centered"] = mean_pairwise_cosine(centred)
-    if clustering:
+    if "cos_cluster" in chosen:
         clusters = cluster_cosine_of_centred(
-            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed, gram
+            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
         )
         out.update(
             cos_cluster=clusters.value,
@@ -197,9 +153,7 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
             n_clusters=clusters.k,
             silhouette=clusters.silhouette,
         )
-    if spectral is not None:
-        out.update(spectral.result())
-    elif needs_spectrum:
+    if chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
         out.update(_spectral_metrics(X, centred, chosen, cfg))
     return {key: float(value) for key, value in out.items()}
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import isoprobe.metrics.suite as suite
 from isoprobe.metrics import (
     ALL_METRICS,
     ProbeMetricsConfig,
@@ -130,29 +129,14 @@ def test_negation_and_row_order_change_nothing(separated_clusters):
 
 
 def test_callers_on_several_threads_get_the_one_at_a_time_values(separated_clusters, gaussian):
-    """The spectral half runs on a shared worker thread: concurrent callers must still get
-    exactly their own matrix's values."""
+    """probe_metrics keeps no state between calls: concurrent callers get exactly their own
+    matrix's values."""
     clouds = [separated_clusters(sizes=(60, 40), d=8, seed=s)[0] for s in range(3)]
     clouds += [gaussian(90, 6) * 10**s for s in range(3)]
     alone = [probe_metrics(X) for X in clouds]
     with ThreadPoolExecutor(max_workers=len(clouds)) as callers:
         together = list(callers.map(probe_metrics, clouds))
     assert together == alone
-
-
-def test_the_worker_takes_half_the_callers_threads_and_leaves_the_callers(gaussian):
-    """The spectral worker runs on half of the caller's torch threads, whatever they are at
-    the time; the caller's thread count, which the rest of the process uses, is not touched."""
-    threads = torch.get_num_threads()
-    try:
-        for caller_threads in (4, 1, threads):
-            torch.set_num_threads(caller_threads)
-            probe_metrics(gaussian(50, 4))
-            worker = suite._SPECTRAL_WORKER.submit(torch.get_num_threads).result()
-            assert worker == max(1, caller_threads // 2)
-            assert torch.get_num_threads() == caller_threads
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
