@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.gram import gram_matrix
+from isoprobe.metrics.gram import gram_matrix, pairwise_distances_
 from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.silhouette import silhouette_scores
 
@@ -62,20 +62,20 @@ def choose_clusters(
     k_max: int,
     min_silhouette: float,
     seed: int,
-    gram: Tensor | None = None,
 ) -> tuple[Tensor, int, float]:
     """(labels, k, silhouette) of the k in :func:`sweep_ks` whose k-means partition has the
     largest mean silhouette (the smallest such k on ties), or of one cluster when that
-    silhouette is below ``min_silhouette`` or no k is possible. ``gram`` is the rows' Gram
-    matrix if the caller has it."""
+    silhouette is below ``min_silhouette`` or no k is possible. One N x N matrix serves both:
+    the rows' Gram matrix for the k-means sweep, then, turned in place, their distances for
+    the silhouettes."""
     n = centred.shape[0]
     ks = sweep_ks(n, k_min, k_max)
     one_cluster = torch.zeros(n, dtype=torch.long, device=centred.device)
     if not ks:
         return one_cluster, 1, math.nan
-    gram = gram_matrix(centred) if gram is None else gram
+    gram = gram_matrix(centred)
     labels = kmeans_sweep(centred, ks, seed=seed, gram=gram)
-    scores = silhouette_scores(centred, labels, gram=gram)
+    scores = silhouette_scores(centred, labels, distances=pairwise_distances_(gram))
     best = int(scores.argmax())
     silhouette = float(scores[best])
     if silhouette < min_silhouette:
@@ -115,12 +115,10 @@ def cluster_cosine_of_centred(
     k_max: int,
     min_silhouette: float,
     seed: int,
-    gram: Tensor | None = None,
 ) -> ClusterCosine:
-    """:func:`cluster_adjusted_cosine` of validated, globally centred float64 rows (``gram``:
-    their Gram matrix, if the caller has it)."""
+    """:func:`cluster_adjusted_cosine` of validated, globally centred float64 rows."""
     check_cluster_range(k_min, k_max)
-    labels, k, silhouette = choose_clusters(centred, k_min, k_max, min_silhouette, seed, gram)
+    labels, k, silhouette = choose_clusters(centred, k_min, k_max, min_silhouette, seed)
     cosines, used = within_cluster_cosines(centred, labels, k)
     sizes = tuple(torch.bincount(labels, minlength=k).tolist())
     measured = used >= 2

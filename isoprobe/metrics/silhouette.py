@@ -10,25 +10,20 @@ from torch import Tensor
 BLOCK_ROWS = 512
 
 
-def _cluster_distance_sums(
-    X: Tensor, onehot: Tensor, block_rows: int, gram: Tensor | None
-) -> Tensor:
+def _cluster_distance_sums(X: Tensor, onehot: Tensor, block_rows: int) -> Tensor:
     """S[i, c] = sum of ||x_i - x_j|| over the rows j with onehot[j, c] = 1.
 
-    The N x N distances are never held at once: blocks of rows I <= J are computed once (from
-    ``gram`` = X Xᵀ if given) and serve both I (against J's memberships) and J (against I's).
+    The N x N distances are never held at once: blocks of rows I <= J are computed once and
+    serve both I (against J's memberships) and J (against I's).
     """
     n = X.shape[0]
-    x_sq = X.square().sum(1) if gram is None else gram.diagonal()
+    x_sq = X.square().sum(1)
     sums = torch.zeros(n, onehot.shape[1], dtype=X.dtype, device=X.device)
     for i in range(0, n, block_rows):
         rows_i = slice(i, i + block_rows)
         for j in range(i, n, block_rows):
             rows_j = slice(j, j + block_rows)
-            if gram is None:
-                dist = torch.addmm(x_sq[rows_i, None], X[rows_i], X[rows_j].T, alpha=-2)
-            else:
-                dist = torch.add(x_sq[rows_i, None], gram[rows_i, rows_j], alpha=-2)
+            dist = torch.addmm(x_sq[rows_i, None], X[rows_i], X[rows_j].T, alpha=-2)
             dist.add_(x_sq[None, rows_j]).clamp_min_(0).sqrt_()
             if i == j:
                 dist.fill_diagonal_(0)
@@ -39,7 +34,7 @@ def _cluster_distance_sums(
 
 
 def silhouette_scores(
-    X: Tensor, labels: Tensor, block_rows: int = BLOCK_ROWS, gram: Tensor | None = None
+    X: Tensor, labels: Tensor, block_rows: int = BLOCK_ROWS, distances: Tensor | None = None
 ) -> Tensor:
     """Mean Euclidean silhouette of each column of ``labels`` [N, L] as a labeling of the rows
     of float64 X [N, D]; returns [L].
@@ -48,7 +43,10 @@ def silhouette_scores(
     its cluster, b_i the smallest mean distance to the members of another non-empty cluster;
     s(i) = 0 for a member of a singleton cluster (as scikit-learn) and where no other cluster
     has members. All labelings share one pass over the distances: they are stacked into one
-    one-hot matrix [N, sum of k]. ``gram`` is X Xᵀ if the caller has it.
+    one-hot matrix [N, sum of k]. ``distances`` is the [N, N] matrix of pairwise distances if
+    the caller has it (see :func:`~isoprobe.metrics.gram.pairwise_distances_`): then one matrix
+    product gives every sum; without it, blocks of ``block_rows`` rows are computed and
+    dropped, so that no N x N matrix is held.
     """
     n, n_labelings = labels.shape
     ks = labels.max(dim=0).values + 1
@@ -57,7 +55,10 @@ def silhouette_scores(
     # zero columns up to a multiple of 16: matrix products of such widths run faster
     onehot = torch.zeros(n, -(-int(ks.sum()) // 16) * 16, dtype=X.dtype, device=X.device)
     onehot.scatter_(1, columns, 1.0)
-    sums = _cluster_distance_sums(X, onehot, block_rows, gram)
+    if distances is None:
+        sums = _cluster_distance_sums(X, onehot, block_rows)
+    else:
+        sums = distances @ onehot
     counts = onehot.sum(0)
 
     own_count = counts[columns]
