@@ -11,6 +11,7 @@ from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
 from isoprobe.metrics.gram import feature_gram
+from isoprobe.metrics.secular import rank_one_downdate_eigenvalues
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,32 @@ class PartitionRatio:
     log_ratio: float
 
 
+#: The downdate of :func:`covariance_eigenvalues_from_uncentred` is trusted while the largest
+#: eigenvalue of Xᵀ X is at most this many times the largest of Cᵀ C: its rounding, a few
+#: units at the scale of Xᵀ X, then stays below 1e-11 of the covariance spectrum.
+MAX_OFFSET_RATIO = 1e4
+
+
 def covariance_eigenvalues(centred_gram: Tensor, n_rows: int) -> Tensor:
     """Eigenvalues of the covariance C^T C / (N - 1), from C^T C of centred rows C:
     descending, clipped at 0."""
     return torch.linalg.eigvalsh(centred_gram / (n_rows - 1)).flip(0).clamp_min(0)
+
+
+def covariance_eigenvalues_from_uncentred(
+    values: Tensor, vectors: Tensor, mean: Tensor, n_rows: int
+) -> Tensor | None:
+    """The eigenvalues of :func:`covariance_eigenvalues`, from the eigendecomposition
+    (``values`` ascending, ``vectors``) of Xᵀ X = Cᵀ C + N μ μᵀ: Cᵀ C is diag(values) - z zᵀ in
+    the basis of ``vectors``, z = √N Vᵀ μ, whose eigenvalues the secular equation gives
+    (:mod:`isoprobe.metrics.secular`). None when the rows' common offset dwarfs their spread
+    (see :data:`MAX_OFFSET_RATIO`), where subtracting it would leave mostly rounding."""
+    z = math.sqrt(n_rows) * (vectors.T @ mean)
+    roots = rank_one_downdate_eigenvalues(values.cpu().numpy(), z.cpu().numpy())
+    if roots.max() * MAX_OFFSET_RATIO < float(values.max()):
+        return None
+    roots = torch.from_numpy(roots).to(values.device)
+    return (roots / (n_rows - 1)).flip(0).clamp_min(0)
 
 
 def effective_dimension_from_eigenvalues(eigenvalues: Tensor, threshold: float) -> int:
@@ -67,12 +90,11 @@ def isoscore_from_eigenvalues(eigenvalues: Tensor) -> float:
     return min(max(score, 0.0), 1.0)
 
 
-def partition_ratio_from_gram(X: Tensor, gram: Tensor) -> PartitionRatio:
-    """:func:`partition_ratio` of float64 rows X given gram = X^T X.
+def partition_ratio_from_eigenvectors(X: Tensor, vectors: Tensor) -> PartitionRatio:
+    """:func:`partition_ratio` of float64 rows X given the eigenvectors of X^T X (columns).
 
     With p_i = <v, x_i> (a contiguous row of V^T X^T), hi = max p_i and lo = min p_i:
     log Z(v) = hi + log sum_i exp(p_i - hi) and log Z(-v) = -lo + log sum_i exp(lo - p_i)."""
-    _, vectors = torch.linalg.eigh(gram)
     projections = vectors.T @ X.T  # [D, N]: row j holds <v_j, x_i> for every i
     top = projections.amax(dim=1, keepdim=True)
     bottom = projections.amin(dim=1, keepdim=True)
@@ -114,4 +136,4 @@ def partition_ratio(X: Tensor) -> PartitionRatio:
     eigensolver's sign convention. 1 = isotropic.
     """
     X = as_token_matrix(X)
-    return partition_ratio_from_gram(X, feature_gram(X))
+    return partition_ratio_from_eigenvectors(X, torch.linalg.eigh(feature_gram(X)).eigenvectors)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
@@ -16,10 +17,11 @@ from isoprobe.metrics.gram import feature_gram
 from isoprobe.metrics.rank import rank_from_singular_values
 from isoprobe.metrics.spectrum import (
     covariance_eigenvalues,
+    covariance_eigenvalues_from_uncentred,
     effective_dimension_from_eigenvalues,
     isoscore_from_eigenvalues,
     participation_ratio_from_eigenvalues,
-    partition_ratio_from_gram,
+    partition_ratio_from_eigenvectors,
 )
 
 #: Selectable metric name -> the output keys of :func:`probe_metrics` it produces.
@@ -100,11 +102,27 @@ class ProbeMetricsConfig:
 def _spectral_metrics(
     X: Tensor, centred: Tensor, chosen: set[str], cfg: ProbeMetricsConfig
 ) -> dict[str, float]:
-    """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C."""
+    """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C.
+
+    With the partition ratio, one eigendecomposition of X^T X = C^T C + N·mean·meanᵀ serves
+    both: its eigenvectors are the partition ratio's candidates, and the covariance spectrum
+    follows from it by a rank-one downdate (a second dense eigendecomposition only where the
+    common offset is too large for that)."""
     out: dict[str, float] = {}
+    n = X.shape[0]
     gram = feature_gram(centred)
+    eigenvalues = None
+    if "partition_ratio" in chosen:
+        mean = X.mean(dim=0)
+        values, vectors = torch.linalg.eigh(gram + n * mean[:, None] * mean[None, :])
+        ratio = partition_ratio_from_eigenvectors(X, vectors)
+        out["partition_ratio"] = ratio.ratio
+        out["log_partition_ratio"] = ratio.log_ratio
+        if chosen & _FROM_COVARIANCE:
+            eigenvalues = covariance_eigenvalues_from_uncentred(values, vectors, mean, n)
     if chosen & _FROM_COVARIANCE:
-        eigenvalues = covariance_eigenvalues(gram, X.shape[0])
+        if eigenvalues is None:
+            eigenvalues = covariance_eigenvalues(gram, n)
         if "eff_dim" in chosen:
             out["eff_dim"] = effective_dimension_from_eigenvalues(eigenvalues, cfg.ed_threshold)
         if "participation_ratio" in chosen:
@@ -114,11 +132,6 @@ def _spectral_metrics(
         if "eps_rank" in chosen:
             # singular values of the centred X are sqrt((N - 1) lambda): same ratios
             out["eps_rank"] = rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps)
-    if "partition_ratio" in chosen:
-        mean = X.mean(dim=0)
-        ratio = partition_ratio_from_gram(X, gram + X.shape[0] * mean[:, None] * mean[None, :])
-        out["partition_ratio"] = ratio.ratio
-        out["log_partition_ratio"] = ratio.log_ratio
     return out
 
 
