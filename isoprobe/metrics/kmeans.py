@@ -35,7 +35,9 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,6 +105,28 @@ def _move_rows(
         table.addmm_(moves, gram)
 
 
+#: Runs half of the blocks of the compiled tail while the caller's thread runs the other half.
+_TAIL_HELPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="isoprobe-lloyd")
+
+
+def _finish_blocks(
+    gram: np.ndarray, state: list[np.ndarray], ks: np.ndarray, tol_abs: float, max_iter: int
+) -> None:
+    """:func:`~isoprobe.metrics.lloyd_cpu.finish_lloyd` on every block of ``state``. The
+    blocks are independent and the kernel releases the GIL, so with two or more torch threads
+    the blocks are split in two of about equal total k, one half on a helper thread: the
+    compiled loop is single-threaded, and the cores would otherwise wait."""
+    cut = max(1, int(np.searchsorted(np.cumsum(ks), ks.sum() / 2)))
+    if torch.get_num_threads() < 2 or cut >= len(ks):
+        finish_lloyd(gram, *state, ks, tol_abs, max_iter)
+        return
+    helper = _TAIL_HELPER.submit(
+        finish_lloyd, gram, *[part[cut:] for part in state], ks[cut:], tol_abs, max_iter
+    )
+    finish_lloyd(gram, *[part[:cut] for part in state], ks[:cut], tol_abs, max_iter)
+    helper.result()
+
+
 def kmeans_sweep(
     X: Tensor,
     ks: Sequence[int],
@@ -154,18 +178,20 @@ def kmeans_sweep(
     slots = labels + width * torch.arange(len(ks), device=device)[:, None]
     _move_rows(dots.view(-1, n), everyone, slots.flatten(), None, X, gram)
     counts = per_slot(torch.ones(labels.shape, dtype=dtype, device=device))
+    changed = real.clone()  # the slots whose members changed since the last M-step
     compiled_tail = compiled_tail and device.type == "cpu"
     for iteration in range(max_iter):
         # M-step: centres S_c / n_c (an empty cluster keeps its centre), and how far they
         # moved: ||new - old||² = ||new||² - 2 <new, old> + ||old||², where <new, old> is the
-        # mean over the members of <x_l, old>, read off the old scores
+        # mean over the members of <x_l, old>, read off the old scores; a centre whose
+        # members did not change has not moved, and adds exactly 0
         filled = counts > 0
         size = counts.clamp_min(1)
         members = labels[:, None, :]
         new_norms = per_slot(dots.gather(1, members)[:, 0]) / size.square()
         old_products = (norms.gather(1, labels) - scores.gather(1, members)[:, 0]) / 2
         cross = per_slot(old_products) / size
-        shift_sq = torch.where(filled, new_norms - 2 * cross + norms, 0.0).sum(1)
+        shift_sq = torch.where(filled & changed, new_norms - 2 * cross + norms, 0.0).sum(1)
         norms = torch.where(filled, new_norms, norms)
         fresh = torch.addcmul(norms[:, :, None], dots, (-2 / size)[:, :, None])
         empty = real & ~filled
@@ -175,23 +201,25 @@ def kmeans_sweep(
         after = scores.min(dim=1).indices
         moved = after != labels
         block, row = moved.nonzero(as_tuple=True)
+        changed = torch.zeros_like(real)
         if block.numel():
             to, away = block * width + after[block, row], block * width + labels[block, row]
             _move_rows(dots.view(-1, n), row, to, away, X, gram)
             ones = torch.ones(to.shape, dtype=dtype, device=device)
             counts.view(-1).index_add_(0, to, ones).index_add_(0, away, ones, alpha=-1)
+            changed.view(-1)[torch.cat([to, away])] = True
         labels = after
         going = moved.any(dim=1) & (shift_sq > tol_abs)
         if not going.all():
             result[which[~going]] = labels[~going]
-            which, labels, real = which[going], labels[going], real[going]
+            which, labels, real, changed = which[going], labels[going], real[going], changed[going]
             norms, scores, dots, counts = norms[going], scores[going], dots[going], counts[going]
             if not which.numel():
                 break
         if compiled_tail and block.numel() <= n:
-            state = [t.contiguous().numpy() for t in (dots, counts, labels, norms, scores)]
+            state = [t.contiguous().numpy() for t in (dots, counts, labels, norms, scores, changed)]
             ks_left, left = real.sum(dim=1).numpy(), max_iter - iteration - 1
-            finish_lloyd(gram.contiguous().numpy(), *state, ks_left, tol_abs, left)
+            _finish_blocks(gram.contiguous().numpy(), state, ks_left, tol_abs, left)
             result[which] = torch.from_numpy(state[2])
             break
     else:

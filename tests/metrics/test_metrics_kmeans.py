@@ -3,6 +3,8 @@ labels of plain Lloyd (with its late iterations compiled, and all in PyTorch), h
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,31 @@ def test_labels_are_those_of_plain_lloyd_from_the_same_seeds(
         assert np.array_equal(labels[:, j], expected), f"k = {k}"
 
 
+def test_compiled_tail_splits_its_blocks_over_two_threads(gaussian, monkeypatch):
+    """With two torch threads the tail's blocks run in two halves on two threads; the labels
+    are those of one thread running them all."""
+    X = gaussian(500, 12, seed=1)
+    ks = list(range(2, 17))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kmeans_sweep(X, ks, seed=6)
+        callers = []
+        finish = kmeans_module.finish_lloyd
+
+        def spy(*args):
+            callers.append((threading.current_thread().name, args[1].shape[0]))
+            return finish(*args)
+
+        monkeypatch.setattr(kmeans_module, "finish_lloyd", spy)
+        torch.set_num_threads(2)
+        split = kmeans_sweep(X, ks, seed=6)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, alone)
+    assert len({name for name, _ in callers}) == 2 and all(blocks for _, blocks in callers)
+
+
 def run_kernel(points: np.ndarray, centres: np.ndarray) -> list[np.ndarray]:
     """finish_lloyd on one block, from the state after an E-step against ``centres`` (labels
     = nearest centre, the first on a tie); returns its state: tables, sizes, labels, centre
@@ -120,7 +147,8 @@ def run_kernel(points: np.ndarray, centres: np.ndarray) -> list[np.ndarray]:
     norms = (centres**2).sum(1)
     scores = norms[:, None] - 2 * centres @ points.T
     state = [a[None].copy() for a in (onehot @ gram, onehot.sum(1), labels, norms, scores)]
-    finish_lloyd(gram, *state, np.array([len(centres)]), 0.0, 300)
+    everything_changed = np.ones((1, len(centres)), dtype=bool)
+    finish_lloyd(gram, *state, everything_changed, np.array([len(centres)]), 0.0, 300)
     return [a[0] for a in state]
 
 
@@ -140,6 +168,19 @@ def test_compiled_kernel_gives_a_tie_to_the_first_centre():
     points = np.array([[-3.0], [0.0], [1.5]])
     _, _, labels, _, _ = run_kernel(points, np.array([[-1.5], [1.5]]))
     assert labels.tolist() == [0, 0, 1]
+
+
+def test_compiled_kernel_keeps_a_tie_with_an_unmoved_centre():
+    # Integers, so every distance is exact. From centres -9, 9, -8 the clusters are
+    # {} (keeps -9), {4, 12} (8) and {0, -6} (-3); then -6 joins cluster 0, whose centre
+    # becomes -6, cluster 2's becomes 0 and cluster 1's stays at 8. The kernel compares the
+    # row at 4, whose own centre did not move, only with the recomputed ones: it is 4 from
+    # both 8 (cluster 1, its own) and 0 (cluster 2). Plain Lloyd gives the tie to the first
+    # centre, so the row stays in cluster 1.
+    points = np.array([[0.0], [-6.0], [4.0], [12.0]])
+    centres = np.array([[-9.0], [9.0], [-8.0]])
+    _, _, labels, _, _ = run_kernel(points, centres)
+    assert np.array_equal(labels, plain_lloyd(points, centres, tol=0.0))
 
 
 @pytest.mark.parametrize("n_moves", [3, 400])
