@@ -20,8 +20,9 @@ Four more things make a sweep over k = 2..16 cheap:
   w = max(k), slots past a block's k holding centres at infinite distance; the moves of all
   blocks go into one sparse product per iteration;
 * a k that has stopped leaves the tables;
-* on the CPU, once the moves are few, the remaining iterations of every k run in one compiled
-  loop (:mod:`isoprobe.metrics.lloyd_cpu`), free of the per-operator cost of eager PyTorch.
+* on the CPU, once the moves are few, the remaining iterations of every k run in a compiled
+  loop (:mod:`isoprobe.metrics.lloyd_cpu`), free of the per-operator cost of eager PyTorch;
+  its blocks are independent, so they run in two halves on two threads.
 
 Everything is float64: the labels are those of plain Lloyd with float64 distances (on an exact
 tie, the first nearest centre). Stopping follows scikit-learn's Lloyd: a k stops when no label
