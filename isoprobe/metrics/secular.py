@@ -41,9 +41,9 @@ def rank_one_downdate_eigenvalues(diagonal: np.ndarray, z: np.ndarray) -> np.nda
     """Eigenvalues of diag(``diagonal``) - z zᵀ, ascending; ``diagonal`` must be ascending.
 
     Each root is bracketed and found by Newton's method, with a bisection step whenever
-    Newton would leave the bracket, until the bracket is narrower than a few units of
-    rounding at the scale max(|λ|, ||z||²): the accuracy of the eigendecomposition that
-    produced λ."""
+    Newton would leave the bracket or not move, until the bracket is narrower than a few
+    units of rounding at the scale max(|λ|, ||z||²): the accuracy of the eigendecomposition
+    that produced λ."""
     n = diagonal.shape[0]
     squares = z * z
     norm_sq = squares.sum()
@@ -65,7 +65,9 @@ def rank_one_downdate_eigenvalues(diagonal: np.ndarray, z: np.ndarray) -> np.nda
                 lo = t
             else:
                 hi = t
-            step = t - value / slope
-            t = step if lo < step < hi else 0.5 * (lo + hi)
+            # bisect where Newton would leave the bracket or stall on t, or where f is flat
+            # (every z_j zero: the root is the bracket's end)
+            step = t - value / slope if slope != 0.0 else hi
+            t = step if lo < step < hi and step != t else 0.5 * (lo + hi)
         roots[i] = 0.5 * (lo + hi)
     return roots

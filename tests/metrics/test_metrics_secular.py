@@ -37,6 +37,26 @@ def test_random_downdates_match_the_dense_eigenvalues(dim):
     assert np.all(np.diff(ours) >= 0)
 
 
+@pytest.mark.parametrize("case", ["plain", "repeated", "zeros", "tiny"])
+def test_many_downdates_of_every_kind_match_the_dense_eigenvalues(case):
+    """300 problems of 1 to 60 entries whose scales span six decades: as drawn, with entries
+    rounded so that they repeat, with a third of z zero, or with z's entries spread over
+    twelve decades (roots pressed against their poles)."""
+    rng = np.random.default_rng(["plain", "repeated", "zeros", "tiny"].index(case))
+    for _ in range(300):
+        dim = int(rng.integers(1, 61))
+        diagonal = np.sort(rng.normal(size=dim) * 10 ** rng.uniform(-3, 3))
+        z = rng.normal(size=dim) * 10 ** rng.uniform(-3, 2)
+        if case == "repeated":
+            diagonal = np.sort(np.round(diagonal, 1))
+        elif case == "zeros":
+            z[rng.random(dim) < 0.3] = 0.0
+        elif case == "tiny":
+            z *= 10 ** rng.uniform(-12, 0, size=dim)
+        ours = rank_one_downdate_eigenvalues(diagonal, z)
+        assert_close_at_scale(ours, dense_reference(diagonal, z), diagonal, z)
+
+
 def test_zero_components_and_repeated_entries():
     diagonal = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0, 9.0])
     z = np.array([0.5, 0.0, 0.0, 1.0, 0.3, 0.0, 2.0, 0.0])
@@ -99,3 +119,14 @@ def test_probe_metrics_takes_the_covariance_spectrum_from_the_downdate(gaussian,
     assert calls == [1]
     for key, value in only_covariance.items():
         assert expected[key] == pytest.approx(value, rel=1e-10), key
+
+
+def test_rows_with_an_exactly_zero_mean(gaussian):
+    """Integer rows and their negatives: the mean is exactly zero, so z is, and X^T X is the
+    centred matrix itself."""
+    half = gaussian(150, 8, seed=4, scales=torch.linspace(20, 2, 8)).round()
+    X = torch.cat([half, -half])
+    assert bool((X.mean(dim=0) == 0).all())
+    values = probe_metrics(X, {"metrics": ["eff_dim", "isoscore", "partition_ratio"]})
+    reference = spectrum.effective_dimension(X), spectrum.isoscore(X)
+    assert (values["eff_dim"], values["isoscore"]) == pytest.approx(reference, rel=1e-10)
