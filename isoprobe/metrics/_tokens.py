@@ -7,7 +7,8 @@ from torch import Tensor
 
 
 def as_token_matrix(X: Tensor, *, name: str = "X", min_rows: int = 2) -> Tensor:
-    """``X`` as a float64 [N, D] tensor on its own device, or a ValueError naming the problem."""
+    """``X`` as a float64 [N, D] tensor on its own device, detached from any autograd graph
+    (the metrics are measurements, not losses), or a ValueError naming the problem."""
     if not isinstance(X, Tensor):
         X = torch.as_tensor(X)
     if X.dim() != 2:
@@ -19,7 +20,7 @@ def as_token_matrix(X: Tensor, *, name: str = "X", min_rows: int = 2) -> Tensor:
             f"{name} has {X.shape[0]} row(s); at least {min_rows} token rows are needed "
             "(probe more windows or tokens)"
         )
-    X = X.to(torch.float64)
+    X = X.detach().to(torch.float64)
     if bool(torch.isfinite(X.sum(dim=1)).all()):  # one pass; a NaN or inf spoils its row's sum
         return X
     bad = ~torch.isfinite(X).all(dim=1)

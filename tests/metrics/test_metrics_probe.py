@@ -88,6 +88,11 @@ def test_too_few_or_non_finite_rows_are_refused(gaussian):
         probe_metrics(X)
 
 
+def test_a_tensor_that_requires_grad_is_measured_as_its_values(gaussian):
+    X = gaussian(120, 6, seed=2)
+    assert probe_metrics(X.clone().requires_grad_()) == probe_metrics(X)
+
+
 def test_identical_rows_are_defined():
     x = torch.tensor([0.1, -0.7, 0.3, 2.0], dtype=torch.float64)
     out = probe_metrics(x.expand(20, 4))
