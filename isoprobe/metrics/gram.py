@@ -11,11 +11,21 @@ from torch import Tensor
 BLOCK_ROWS = 256
 
 
+def _empty_square(n: int, like: Tensor) -> Tensor:
+    """An uninitialised [n, n] tensor of ``like``'s dtype and device. On the CPU, in float64,
+    its memory comes from numpy, which asks the kernel for transparent huge pages where it
+    only grants them on request (``madvise``): at N = 8000 the 512 MB matrix then costs some
+    800 page faults instead of 126,000 (a quarter of the Gram matrix's time)."""
+    if like.device.type == "cpu" and like.dtype == torch.float64:
+        return torch.from_numpy(np.empty((n, n)))
+    return torch.empty(n, n, dtype=like.dtype, device=like.device)
+
+
 def gram_matrix(X: Tensor, block_rows: int = BLOCK_ROWS) -> Tensor:
     """X Xᵀ, exactly symmetric: each panel of ``block_rows`` rows is multiplied with the rows
     from its own on; what lies below the diagonal is copied from above it."""
     n = X.shape[0]
-    gram = torch.empty(n, n, dtype=X.dtype, device=X.device)
+    gram = _empty_square(n, X)
     for i in range(0, n, block_rows):
         rows = slice(i, i + block_rows)
         torch.mm(X[rows], X[i:].T, out=gram[rows, i:])
