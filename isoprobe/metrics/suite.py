@@ -140,9 +140,10 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
 
     X is validated and centred once; the Gram matrix of the centred rows serves the k-means
-    sweep and the silhouettes; C^T C of the centred rows gives the covariance spectrum
-    (effective dimension, participation ratio, IsoScore, ε-rank) and, plus N·mean·meanᵀ, the
-    X^T X whose eigenvectors the partition ratio needs. Everything runs on the caller's thread
+    sweep and, turned into distances, the silhouettes; C^T C of the centred rows plus
+    N·mean·meanᵀ is the X^T X whose eigendecomposition gives the partition ratio's candidates
+    and, by a rank-one downdate, the covariance spectrum (effective dimension, participation
+    ratio, IsoScore, ε-rank). Everything runs on the caller's thread
     with torch's threads: on a CPU the stages are large matrix products that use every core,
     so running the clustering and the spectrum side by side only makes them compete.
     """
