@@ -162,9 +162,8 @@ def stage_times(X: np.ndarray, repeats: int) -> dict[str, float]:
     """Best-of-``repeats`` milliseconds of each stage of the suite, run one after the other:
     the fixed linear algebra (Gram matrix, its conversion to distances, covariance product,
     the eigendecomposition of Xᵀ X and the downdate that gives the covariance spectrum from it,
-    the partition function's projections, the silhouettes) and
-    the data-dependent k-means. The in-place distance stage works on a copy made before its
-    clock starts."""
+    the partition function's projections, the silhouettes) and the data-dependent k-means.
+    The in-place distance stage overwrites a scratch copy; the copy's own time is subtracted."""
     tokens = torch.as_tensor(X)
     centred = centre(tokens)
     gram = gram_matrix(centred)
