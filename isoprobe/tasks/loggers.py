@@ -3,36 +3,37 @@
 from __future__ import annotations
 
 import logging
-import netrc
-import os
-import secrets
-import string
-from pathlib import Path
 from typing import Any
 
+import wandb
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, open_dict
+from wandb.errors import AuthenticationError
+from wandb.sdk.lib.runid import generate_id
+from wandb.sdk.lib.wbauth.wbnetrc import read_netrc_auth
 
 log = logging.getLogger(__name__)
 
-WANDB_HOST = "api.wandb.ai"
 
+def wandb_goes_offline() -> bool:
+    """Whether W&B must log offline: wandb's own settings (``WANDB_MODE``, ``WANDB_BASE_URL``,
+    settings files) say so, or no API key is configured for the server they name.
 
-def wandb_key_configured() -> bool:
-    """A W&B API key in the environment or in ~/.netrc (what ``wandb login`` writes)."""
-    if os.environ.get("WANDB_API_KEY"):
+    The key is looked for where ``wandb login`` leaves it: ``WANDB_API_KEY`` or the settings,
+    else wandb's own reading of the netrc file (``NETRC`` overrides ~/.netrc) for the server
+    of ``base_url``, so a self-hosted server is logged to online as soon as its key is there.
+    """
+    settings = wandb.setup().settings
+    if settings.mode in ("offline", "dryrun", "disabled"):
         return True
-    try:
-        return netrc.netrc(Path.home() / ".netrc").authenticators(WANDB_HOST) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
+    if settings.api_key:
         return False
-
-
-def new_run_id() -> str:
-    """A W&B-style run id: 8 random lowercase letters and digits."""
-    alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(8))
+    try:
+        return read_netrc_auth(host=settings.base_url) is None
+    except AuthenticationError as err:
+        log.warning("W&B: the netrc key for %s is not usable (%s).", settings.base_url, err)
+        return True
 
 
 def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> dict[str, Logger]:
@@ -43,20 +44,20 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
             continue
         if cfg._target_.endswith("WandbLogger"):
             with open_dict(cfg):
-                if not cfg.get("offline") and os.environ.get("WANDB_MODE") != "offline":
-                    if not wandb_key_configured():
-                        log.warning(
-                            "W&B: no API key configured, logging OFFLINE to %s "
-                            "(upload later with `wandb sync`).",
-                            cfg.save_dir,
-                        )
-                        cfg.offline = True
+                if not cfg.get("offline") and wandb_goes_offline():
+                    log.warning(
+                        "W&B: offline (WANDB_MODE, or no API key for %s), logging to %s; "
+                        "upload later with `wandb sync`.",
+                        wandb.setup().settings.base_url,
+                        cfg.save_dir,
+                    )
+                    cfg.offline = True
                 if resume_ids.get(name):
                     cfg.id = resume_ids[name]
                     cfg.resume = "allow"
                 elif not cfg.get("id"):
                     # fixed now, not when the run starts, so that checkpoints can store it
-                    cfg.id = new_run_id()
+                    cfg.id = generate_id()
         loggers[name] = instantiate(cfg)
     return loggers
 

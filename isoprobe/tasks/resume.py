@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,36 @@ class RunIdentity(Callback):
         }
 
 
+def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
+    """A Lightning checkpoint read with ``weights_only=True``: tensors, containers and primitives
+    only, so a checkpoint from elsewhere cannot run code while it is read (Lightning's own load
+    in ``fit`` reads it the same way). Anything else gets an error that says what the file is."""
+    hint = "Pass the last.ckpt of an earlier run (<run dir>/checkpoints/last.ckpt)."
+    path = Path(ckpt_path)
+    if path.is_dir():
+        raise CheckpointError(f"ckpt_path={ckpt_path!r} is a directory, not a checkpoint. {hint}")
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist. {hint}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if refused:
+            raise CheckpointError(
+                f"ckpt_path={ckpt_path} holds Python objects other than tensors and plain "
+                f"containers ({refused.group(1)}), which are refused because reading them "
+                f"could run code. {hint}"
+            ) from err
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not a PyTorch checkpoint. {hint}") from err
+    except (RuntimeError, EOFError, OSError) as err:
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} is not a readable PyTorch checkpoint ({err}). {hint}"
+        ) from err
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint. {hint}")
+    return checkpoint
+
+
 def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> dict[str, Any]:
     """Validate a checkpoint to resume against ``model`` and return the run identity it carries.
 
@@ -39,15 +71,9 @@ def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> di
     """
     if ckpt_path is None:
         return {}
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"ckpt_path={ckpt_path!r} does not exist. Pass the last.ckpt of an earlier run "
-            "(<run dir>/checkpoints/last.ckpt)."
-        )
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = read_checkpoint(ckpt_path)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found = {k: tuple(v.shape) for k, v in checkpoint.get("state_dict", {}).items()}
+    found = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items()}
     missing = sorted(expected.keys() - found.keys())
     unexpected = sorted(found.keys() - expected.keys())
     resized = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])

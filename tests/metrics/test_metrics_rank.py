@@ -27,10 +27,12 @@ def test_singular_values_are_the_chosen_ones_descending():
 
 
 def test_epsilon_rank_counts_relative_singular_values_at_least_eps():
-    M = with_singular_values([10, 5, 1, 0.5, 0.09, 0.011, 0.009, 0, 0, 0], rows=30)
-    assert epsilon_rank(M, 1e-1) == 3  # 10, 5, 1
-    assert epsilon_rank(M, 1e-2) == 4  # + 0.5
-    assert epsilon_rank(M, 1e-3) == 6  # + 0.09, 0.011; not 0.009
+    # every ratio sigma_i / sigma_1 sits at least 20% away from each eps, so rounding in the
+    # SVD cannot move a value across a threshold (ties are tested on exact powers of two below)
+    M = with_singular_values([10, 5, 1.3, 0.5, 0.08, 0.013, 0.008, 0, 0, 0], rows=30)
+    assert epsilon_rank(M, 1e-1) == 3  # 10, 5, 1.3
+    assert epsilon_rank(M, 1e-2) == 4  # + 0.5; not 0.08
+    assert epsilon_rank(M, 1e-3) == 6  # + 0.08, 0.013; not 0.008
     assert epsilon_rank(M.T, 1e-3) == 6
 
 
