@@ -83,6 +83,7 @@ class IsotropyProbe(Callback):
 
     Args:
         every_n_epochs: probe after every n-th training epoch (epoch 0 is always probed).
+            Nothing is probed in the sanity check or under ``fast_dev_run``.
         num_windows: size of the fixed probe set of validation windows.
         window_selection: ``first``: the first windows of ``datamodule.val_dataset``;
             ``random``: a seeded random subset of them.
@@ -289,7 +290,7 @@ class IsotropyProbe(Callback):
         return dataset
 
     def _probe(self, trainer: Trainer, pl_module: LightningModule, epoch: int) -> None:
-        if epoch in self._probed_epochs:
+        if epoch in self._probed_epochs or trainer.fast_dev_run:
             return
         started = time.perf_counter()
         layers = self._probed_layers(pl_module)
