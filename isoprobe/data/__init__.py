@@ -1,7 +1,7 @@
 """Data sets (offline package data, KernelSynth, online benchmark sets) and the DataModule."""
 
-from isoprobe.data import kernelsynth, offline, online  # noqa: F401  (registers the data sets)
-from isoprobe.data.datamodule import TimeSeriesDataModule
+from isoprobe.data import kernelsynth, local, offline, online  # noqa: F401  (registers the sets)
+from isoprobe.data.datamodule import LocalDataModule, TimeSeriesDataModule
 from isoprobe.data.registry import (
     SeriesCollection,
     UnknownDatasetError,
@@ -12,6 +12,7 @@ from isoprobe.data.registry import (
 )
 
 __all__ = [
+    "LocalDataModule",
     "SeriesCollection",
     "TimeSeriesDataModule",
     "UnknownDatasetError",

@@ -28,6 +28,8 @@ from isoprobe.data.windows import (
 
 log = logging.getLogger(__name__)
 
+SHORT_SERIES_POLICIES = ("skip", "error")
+
 
 class TimeSeriesDataModule(L.LightningDataModule):
     """(context, target) windows of a registered data set, split by time within each series.
@@ -55,6 +57,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
             Context and target both carry it.
         nan_policy: NaN/inf values: ``impute`` (linear inside, nearest at the edges) | ``drop``
             (skip the windows touching one) | ``error``.
+        short_series: a series shorter than one window (context + horizon): ``skip`` it (and
+            count it in the report) | ``error``.
         seed: seed of the noise.
     """
 
@@ -76,6 +80,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
         scaling: str = "none",
         noise_std: float = 0.0,
         nan_policy: str = "impute",
+        short_series: str = "skip",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -101,11 +106,13 @@ class TimeSeriesDataModule(L.LightningDataModule):
         self.num_workers = int(num_workers)
         check_choice("data.scaling", scaling, SCALINGS)
         check_choice("data.nan_policy", nan_policy, NAN_POLICIES)
+        check_choice("data.short_series", short_series, SHORT_SERIES_POLICIES)
         if noise_std < 0:
             raise ValueError(f"data.noise_std must be >= 0, got {noise_std}")
         self.scaling = scaling
         self.noise_std = float(noise_std)
         self.nan_policy = nan_policy
+        self.short_series = short_series
         self.seed = int(seed)
         self.collection: SeriesCollection | None = None
         self.train_dataset: WindowDataset | None = None
@@ -142,7 +149,19 @@ class TimeSeriesDataModule(L.LightningDataModule):
         lengths = np.array([len(s) for s in series])
         if len(lengths) == 0:
             raise ValueError(f"data set {self.dataset!r} loaded no series")
-        report.series_too_short = int(((lengths < window) & (lengths > 0)).sum())
+        too_short = (lengths < window) & (lengths > 0)
+        report.series_too_short = int(too_short.sum())
+        if too_short.any() and self.short_series == "error":
+            names = [
+                collection.item_ids[i] if collection.item_ids else f"#{i}"
+                for i in np.flatnonzero(too_short)[:5]
+            ]
+            raise ValueError(
+                f"{int(too_short.sum())} series of {self.dataset!r} are shorter than one window "
+                f"(context_length + prediction_length = {window}), e.g. {names} with lengths "
+                f"{lengths[too_short][:5].tolist()}. Lower data.context_length / "
+                "data.prediction_length, or set data.short_series=skip to leave them out."
+            )
         if not (lengths >= window).any():
             raise ValueError(
                 f"all {len(series)} series of {self.dataset!r} are shorter than context_length "
@@ -262,4 +281,37 @@ def _check_loader_kwargs(spec: DatasetSpec, kwargs: dict[str, Any]) -> None:
         raise ValueError(
             f"data set {spec.name!r} takes no {', '.join(unknown)}{hint}; its loader takes: "
             f"{', '.join(parameters) or 'nothing'}"
+        )
+
+
+class LocalDataModule(TimeSeriesDataModule):
+    """:class:`TimeSeriesDataModule` over your own file (``data=local data.path=<file>``): the
+    reading options of :func:`isoprobe.data.local.load_local` are ``data.*`` keys of their own,
+    and a series shorter than one window is an error by default."""
+
+    def __init__(
+        self,
+        path: str,
+        layout: str = "auto",
+        id_column: str = "item_id",
+        timestamp_column: str = "timestamp",
+        target_column: str = "target",
+        freq: str | None = None,
+        season_length: int | None = None,
+        dataset: str = "local",
+        short_series: str = "error",
+        **kwargs: Any,
+    ) -> None:
+        if path is None:
+            raise ValueError("data=local needs a file: data.path=/path/to/series.csv")
+        reading = {
+            "layout": layout,
+            "id_column": id_column,
+            "timestamp_column": timestamp_column,
+            "target_column": target_column,
+            "freq": freq,
+            "season_length": season_length,
+        }
+        super().__init__(
+            dataset=dataset, path=path, dataset_kwargs=reading, short_series=short_series, **kwargs
         )

@@ -193,3 +193,16 @@ def test_multirun_gives_every_job_its_directory_and_wandb_run(tmp_path):
         config = OmegaConf.load(tmp_path / str(job) / ".hydra" / "config.yaml")
         assert config.data.dataset == dataset
     assert len(ids) == 2
+
+
+def test_probe_runs_on_your_own_csv(tmp_path):
+    times = pd.date_range("2024-01-01", periods=300, freq="h")
+    values = torch.randn(300, generator=torch.Generator().manual_seed(0)).cumsum(0).numpy()
+    path = tmp_path / "mine.csv"
+    pd.DataFrame({"timestamp": times, "target": values}).to_csv(path, index=False)
+    overrides = ["data=local", f"data.path={path}", "data.context_length=48"]
+    overrides += ["data.prediction_length=12", "task=probe", "model.checkpoint=scratch"]
+    results = run_task(compose_config(tmp_path / "run", [*TINY, *overrides]))
+    assert results["data_report"]["series_total"] == 1
+    assert "test/mase" in results["before"]
+    assert probe_csv(tmp_path / "run").epoch.unique().tolist() == [0]
