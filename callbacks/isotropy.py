@@ -128,6 +128,11 @@ class IsotropyProbe(Callback):
             raise ValueError(f"max_tokens must be >= 2 (metrics need two tokens), got {max_tokens}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if layers is not None and len(layers) == 0:
+            raise ValueError(
+                "layers=[] probes nothing; give layer names, null for every layer, or turn the "
+                "probe off with callbacks=none"
+            )
         if window_selection not in WINDOW_SELECTIONS:
             raise ValueError(
                 f"window_selection must be one of {WINDOW_SELECTIONS}, got {window_selection!r}"

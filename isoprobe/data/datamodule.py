@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from isoprobe.data.windows import (
     WindowDataset,
     add_relative_noise,
     check_choice,
+    check_finite_after,
     clean_series,
     evenly_spaced,
     window_starts,
@@ -107,8 +109,8 @@ class TimeSeriesDataModule(L.LightningDataModule):
         check_choice("data.scaling", scaling, SCALINGS)
         check_choice("data.nan_policy", nan_policy, NAN_POLICIES)
         check_choice("data.short_series", short_series, SHORT_SERIES_POLICIES)
-        if noise_std < 0:
-            raise ValueError(f"data.noise_std must be >= 0, got {noise_std}")
+        if not (math.isfinite(noise_std) and noise_std >= 0):
+            raise ValueError(f"data.noise_std must be a finite number >= 0, got {noise_std}")
         self.scaling = scaling
         self.noise_std = float(noise_std)
         self.nan_policy = nan_policy
@@ -144,7 +146,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
         collection = load_series(self.dataset, **self.dataset_kwargs)
         report = DataReport(series_total=len(collection.series))
         series = clean_series(collection.series, self.nan_policy, collection.item_ids, report)
-        series = add_relative_noise(series, self.noise_std, self.seed)
+        noisy = add_relative_noise(series, self.noise_std, self.seed)
+        check_finite_after(series, noisy, f"data.noise_std={self.noise_std}", collection.item_ids)
+        series = noisy
         window = self.context_length + self.prediction_length
         lengths = np.array([len(s) for s in series])
         if len(lengths) == 0:
@@ -260,7 +264,8 @@ def _positive_or_none(option: str, value: int | None) -> int | None:
 
 def _check_split(split: Sequence[float]) -> tuple[float, float, float]:
     fractions = tuple(float(f) for f in split)
-    if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
+    finite = all(math.isfinite(f) for f in fractions)
+    if len(fractions) != 3 or not finite or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
         raise ValueError(
             "data.split must be 3 fractions (train, val, test) >= 0 summing to 1, "
             f"got {list(split)}"

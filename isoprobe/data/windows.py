@@ -111,6 +111,29 @@ def add_relative_noise(
     return noisy
 
 
+def check_finite_after(
+    before: Sequence[np.ndarray], after: Sequence[np.ndarray], step: str, names: Sequence[str]
+) -> None:
+    """Refuse what ``step`` (a transform of the cleaned series) made non-finite, and values the
+    float32 windows cannot hold: the count of non-finite values is taken after every transform,
+    not only on the raw data."""
+    float32_max = float(np.finfo(np.float32).max)
+    for i, (old, new) in enumerate(zip(before, after, strict=True)):
+        name = names[i] if i < len(names) else f"#{i}"
+        made = int((np.isfinite(old) & ~np.isfinite(new)).sum())
+        if made:
+            raise ValueError(
+                f"{step} made {made} values of series {name!r} NaN/inf; choose a finite setting"
+            )
+        finite = new[np.isfinite(new)]
+        if len(finite) and float(np.abs(finite).max()) > float32_max:
+            raise ValueError(
+                f"series {name!r} holds values beyond float32's range (|x| up to "
+                f"{float(np.abs(finite).max()):.3g} after {step}); the windows are float32. "
+                "Rescale the data."
+            )
+
+
 def split_bounds(length: int, split: Sequence[float]) -> tuple[int, int]:
     """(end of the train segment, end of the validation segment) of a series of ``length``."""
     train, val, _ = split

@@ -71,6 +71,11 @@ class ProbeMetricsConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
+        if not self.metrics:
+            raise ValueError(
+                f"no probe metric chosen (metrics=[]); choose from {list(ALL_METRICS)}, or "
+                "turn the probe off with callbacks=none"
+            )
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
             raise ValueError(f"unknown probe metrics {unknown}; choose from {list(ALL_METRICS)}")

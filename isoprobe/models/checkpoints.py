@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub.errors import HFValidationError
+
 from isoprobe.network import host_reachable
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,11 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
         )
         return ResolvedCheckpoint("bundled", location, checkpoint)
     path = Path(checkpoint).expanduser()
+    if not path.exists() and checkpoint.startswith(("/", "./", "../", "~", ".\\")):
+        raise CheckpointError(
+            f"model.checkpoint={checkpoint!r} does not exist. Give a Hugging Face model "
+            "directory (config.json + model.safetensors), or bundled / scratch / a hub id."
+        )
     if path.exists():
         if not (path / "config.json").is_file():
             raise CheckpointError(
@@ -81,7 +88,15 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
                 ".ckpt to resume from, pass ckpt_path= instead."
             )
         return ResolvedCheckpoint("path", str(path.resolve()), checkpoint)
-    if hub_cached(checkpoint) or host_reachable():
+    try:
+        found = hub_cached(checkpoint) or host_reachable()
+    except HFValidationError as err:
+        raise CheckpointError(
+            f"model.checkpoint={checkpoint!r} is neither a local directory nor a valid hub id "
+            f"({err}). Give a Hugging Face model directory, bundled, scratch or an id such as "
+            "amazon/chronos-t5-small."
+        ) from None
+    if found:
         return ResolvedCheckpoint("hub", checkpoint, checkpoint)
     raise CheckpointError(
         f"model.checkpoint={checkpoint!r} is not a local directory, and as a hub id it needs the "

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from chronos import ChronosConfig
+from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import AutoConfig, GenerationConfig, T5Config, T5ForConditionalGeneration
 
@@ -55,6 +56,14 @@ class ChronosT5Module(ForecastModule):
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
+        if self.context_length > chronos_config.context_length:
+            raise ValueError(
+                f"data.context_length={self.context_length} is longer than the "
+                f"{chronos_config.context_length} steps this Chronos-T5 checkpoint "
+                f"({self.resolved_checkpoint.describe()}) was trained on (its context_length); "
+                "attention memory grows with its square. Set data.context_length <= "
+                f"{chronos_config.context_length}."
+            )
         self.t5 = t5
         self.chronos_config = dataclasses.replace(
             chronos_config,
@@ -158,6 +167,15 @@ def _load(
         return T5ForConditionalGeneration(T5Config(**scratch_t5)), ChronosConfig(**scratch_chronos)
     source = resolved.location
     config = AutoConfig.from_pretrained(source)
+    pipeline = getattr(config, "chronos_pipeline_class", "") or ""
+    architectures = " ".join(getattr(config, "architectures", None) or [])
+    if "Bolt" in pipeline or "Bolt" in architectures:
+        raise CheckpointError(
+            f"{source} is a Chronos-Bolt checkpoint ({pipeline or architectures}), not a "
+            "Chronos-T5 one: model=chronos loads seq2seq Chronos-T5 checkpoints such as "
+            "amazon/chronos-t5-small. Chronos-Bolt is loaded by model=chronos_bolt, which isoprobe "
+            "does not ship yet."
+        )
     chronos_fields = getattr(config, "chronos_config", None)
     if chronos_fields is None or config.model_type != "t5":
         raise CheckpointError(
@@ -169,6 +187,11 @@ def _load(
         t5, info = T5ForConditionalGeneration.from_pretrained(
             source, dtype=torch.float32, output_loading_info=True
         )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
+            "Copy or export the checkpoint again."
+        ) from err
     except (RuntimeError, ValueError, OSError) as err:
         raise CheckpointError(
             f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "

@@ -40,7 +40,7 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
     """Config name -> logger; W&B goes offline without a key and resumes ``resume_ids``."""
     loggers: dict[str, Logger] = {}
     for name, cfg in (logger_cfg or {}).items():
-        if "_target_" not in cfg:
+        if not cfg or "_target_" not in cfg:
             continue
         if cfg._target_.endswith("WandbLogger"):
             with open_dict(cfg):

@@ -63,7 +63,9 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     identity = check_resume_checkpoint(cfg.get("ckpt_path"), model)
     loggers = build_loggers(cfg.get("logger"), identity.get("wandb_ids", {}))
     resolved = model.resolved_checkpoint.describe()
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if "_target_" in c]
+    callbacks = [
+        instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
+    ]
     callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False

@@ -155,6 +155,9 @@ def test_window_caps():
         ({"split": (0.5, 0.5)}, "data.split must be 3 fractions"),
         ({"split": (0.5, 0.3, 0.3)}, "data.split must be 3 fractions"),
         ({"noise_std": -1.0}, "data.noise_std"),
+        ({"noise_std": float("inf")}, "data.noise_std must be a finite number"),
+        ({"noise_std": float("nan")}, "data.noise_std must be a finite number"),
+        ({"split": (0.7, float("nan"), 0.3)}, "data.split must be 3 fractions"),
         ({"path": "/tmp/x.csv"}, "takes no path"),
         ({"dataset_kwargs": {"num_series": 3}}, "takes no num_series"),
     ],
@@ -167,3 +170,23 @@ def test_bad_options_fail_at_construction(kwargs, message):
 def test_unknown_dataset_lists_the_known_ones():
     with pytest.raises(UnknownDatasetError, match="unknown data set 'nope'.*vic_elec"):
         TimeSeriesDataModule("nope")
+
+
+def test_noise_that_overflows_the_float32_windows_is_refused():
+    huge = np.full(30, 1e30) + np.arange(30.0) * 1e30  # finite in float64, std ~ 9e30
+    with pytest.raises(
+        ValueError, match=r"beyond float32.s range.*after data.noise_std=10000000000.0"
+    ):
+        module([huge], noise_std=1e10, context_length=5, prediction_length=3)
+
+
+def test_values_the_float32_windows_cannot_hold_are_refused_before_windowing():
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        module([np.full(30, 1e39)], context_length=5, prediction_length=3)
+
+
+def test_noise_that_makes_values_infinite_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"data.noise_std=1e\+300 made \d+ values of series"):
+        module(
+            [np.linspace(-1e300, 1e300, 30)], noise_std=1e300, context_length=5, prediction_length=3
+        )

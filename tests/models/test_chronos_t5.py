@@ -186,3 +186,48 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path, change, mess
     (target / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(CheckpointError, match=message):
         make_module(checkpoint=str(target))
+
+
+@pytest.mark.parametrize("missing", ["/nonexistent/chronos", "./not/here", "~/not-here-either"])
+def test_a_missing_local_directory_is_named_not_taken_for_a_hub_id(missing):
+    with pytest.raises(CheckpointError, match=f"model.checkpoint='{missing}' does not exist"):
+        make_module(checkpoint=missing)
+
+
+def test_a_string_that_is_no_hub_id_says_so():
+    with pytest.raises(CheckpointError, match="neither a local directory nor a valid hub id"):
+        make_module(checkpoint="not a//valid id")
+
+
+def test_a_truncated_weights_file_names_its_directory(tmp_path):
+    target = tmp_path / "truncated"
+    shutil.copytree(bundled_path("chronos-t5-mini"), target)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=f"weights file in {target} .*truncated or corrupt"):
+        make_module(checkpoint=str(target))
+
+
+def test_a_chronos_bolt_checkpoint_is_recognised(tmp_path):
+    target = tmp_path / "bolt"
+    shutil.copytree(bundled_path("chronos-t5-mini"), target)
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["ChronosBoltModelForForecasting"]
+    config["chronos_pipeline_class"] = "ChronosBoltPipeline"
+    config["chronos_config"] = {"context_length": 2048, "input_patch_size": 16}
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="is a Chronos-Bolt checkpoint.*model=chronos_bolt"):
+        make_module(checkpoint=str(target))
+
+
+def test_a_context_longer_than_the_checkpoint_was_trained_on_is_refused():
+    limit = CONFIG.scratch_chronos.context_length
+    with pytest.raises(ValueError, match=f"data.context_length={limit + 1} is longer than the"):
+        ChronosT5Module(
+            checkpoint="scratch",
+            scratch_t5=OmegaConf.to_container(CONFIG.scratch_t5),
+            scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+            optimizer=partial(torch.optim.AdamW, lr=1e-3),
+            context_length=limit + 1,
+            prediction_length=HORIZON,
+        )

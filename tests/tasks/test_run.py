@@ -206,3 +206,23 @@ def test_probe_runs_on_your_own_csv(tmp_path):
     assert results["data_report"]["series_total"] == 1
     assert "test/mase" in results["before"]
     assert probe_csv(tmp_path / "run").epoch.unique().tolist() == [0]
+
+
+def test_a_probe_set_to_null_is_switched_off(tiny_config, tmp_path):
+    results = run_task(
+        tiny_config("callbacks.isotropy=null", "task=probe", "model.checkpoint=scratch")
+    )
+    assert results["probe_records"] == [] and "test/nmse" in results["before"]
+    assert not (tmp_path / "probe_metrics.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("callbacks.isotropy.layers=[]", r"layers=\[\] probes nothing"),
+        ("callbacks.isotropy.metrics.metrics=[]", r"no probe metric chosen"),
+    ],
+)
+def test_a_probe_that_would_measure_nothing_is_refused(tiny_config, override, message):
+    with pytest.raises(Exception, match=message):
+        run_task(tiny_config(override, "task=probe", "model.checkpoint=scratch"))
