@@ -155,6 +155,7 @@ class IsotropyProbe(Callback):
         self._dir: Path | None = None
         self._csv_checked = False
         self._wandb_defined: set[int] = set()
+        self._saved_at: tuple[int, int] | None = None
         self.seconds: dict[int, float] = {}
 
     @property
@@ -212,7 +213,20 @@ class IsotropyProbe(Callback):
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.VALIDATING and not trainer.sanity_checking:
-            self._probe(trainer, pl_module, epoch=trainer.current_epoch)
+            epoch, step = self._saved_at or (trainer.current_epoch, trainer.global_step)
+            self._probe(trainer, pl_module, epoch, step)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # validate(ckpt_path=...) outside fit (task=probe on saved weights): those weights are
+        # probed and labelled with the epoch and step they were saved at, the labels the run
+        # that saved them gave its probe after that epoch
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._saved_at = None
+        else:
+            self._saved_at = (int(checkpoint["epoch"]) + 1, int(checkpoint["global_step"]))
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -233,10 +247,13 @@ class IsotropyProbe(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._records = [dict(r) for r in state_dict["records"]]
-        self._probed_epochs = set(
-            state_dict.get("probed_epochs", (int(r["epoch"]) for r in self._records))
-        )
+        # saved weights probed outside fit keep the probe set of the run that saved them, not
+        # its trajectory: this run's records are its own
+        if self._saved_at is None:
+            self._records = [dict(r) for r in state_dict["records"]]
+            self._probed_epochs = set(
+                state_dict.get("probed_epochs", (int(r["epoch"]) for r in self._records))
+            )
         self._window_indices = state_dict["window_indices"]
         changed = {
             name: (state_dict[name], getattr(self, name))
@@ -294,7 +311,9 @@ class IsotropyProbe(Callback):
             )
         return dataset
 
-    def _probe(self, trainer: Trainer, pl_module: LightningModule, epoch: int) -> None:
+    def _probe(
+        self, trainer: Trainer, pl_module: LightningModule, epoch: int, step: int | None = None
+    ) -> None:
         if epoch in self._probed_epochs or trainer.fast_dev_run:
             return
         started = time.perf_counter()
@@ -312,6 +331,7 @@ class IsotropyProbe(Callback):
 
         records: list[dict[str, Any]] = []
         clouds: dict[str, PointCloud] = {}
+        step = trainer.global_step if step is None else step
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
         for layer, X in tqdm(
             tokens.items(), desc=f"isotropy probe, epoch {epoch}", leave=False, disable=not show
@@ -320,14 +340,14 @@ class IsotropyProbe(Callback):
             if cloud is not None:
                 clouds[layer] = cloud
             records += [
-                make_record(epoch, trainer.global_step, layer, metric, value, note)
+                make_record(epoch, step, layer, metric, value, note)
                 for metric, (value, note) in values.items()
             ]
         self._records += records
         self._probed_epochs.add(epoch)
         self.seconds[epoch] = time.perf_counter() - started
         if trainer.is_global_zero:
-            self._publish(trainer, epoch, records, clouds)
+            self._publish(trainer, epoch, step, records, clouds)
 
     def _measure(
         self, layer: str, X: Tensor, epoch: int, with_cloud: bool
@@ -377,6 +397,7 @@ class IsotropyProbe(Callback):
         self,
         trainer: Trainer,
         epoch: int,
+        step: int,
         records: list[dict[str, Any]],
         clouds: dict[str, PointCloud],
     ) -> None:
@@ -393,4 +414,4 @@ class IsotropyProbe(Callback):
         media = None
         if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
             media = wandb_media(epoch, records, clouds, self.log_tables)
-        log_epoch(trainer.loggers, trainer.global_step, metrics, media, self._wandb_defined)
+        log_epoch(trainer.loggers, step, metrics, media, self._wandb_defined)

@@ -92,11 +92,18 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     task, ckpt_path = cfg.task.name, cfg.get("ckpt_path")
     results: dict[str, Any] = {"task": task}
     if task == "probe":
-        trainer.validate(model, datamodule=datamodule, verbose=False)
-    if cfg.task.evaluate_before and ckpt_path is None:
+        # the saved weights (ckpt_path) are probed and forecast, not the model config's
+        trainer.validate(
+            model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
+        )
+        if cfg.task.evaluate_before:
+            results["before"] = trainer.test(
+                model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
+            )[0]
+    elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task in ("finetune", "pretrain"):
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task == "pretrain":

@@ -226,3 +226,25 @@ def test_a_probe_set_to_null_is_switched_off(tiny_config, tmp_path):
 def test_a_probe_that_would_measure_nothing_is_refused(tiny_config, override, message):
     with pytest.raises(Exception, match=message):
         run_task(tiny_config(override, "task=probe", "model.checkpoint=scratch"))
+
+
+def test_probe_task_on_a_checkpoint_probes_its_weights_at_its_epoch(tmp_path):
+    base = [*TINY, "model.checkpoint=scratch", "logger=none"]
+    finetune = run_task(compose_config(tmp_path / "finetune", [*base, "trainer.max_epochs=2"]))
+    last = tmp_path / "finetune" / "checkpoints" / "last.ckpt"
+    probed = run_task(
+        compose_config(tmp_path / "probe", [*base, "task=probe", f"ckpt_path={last}"])
+    )
+    trained, zero_shot = probe_csv(tmp_path / "finetune"), probe_csv(tmp_path / "probe")
+    assert zero_shot.epoch.unique().tolist() == [2]
+    assert (
+        zero_shot.global_step.unique().tolist()
+        == trained[trained.epoch == 2].global_step.unique().tolist()
+    )
+    key = ["epoch", "layer", "metric"]
+    merged = trained.merge(zero_shot, on=key, suffixes=("_trained", "_probed"))
+    assert len(merged) == len(zero_shot) > 0
+    pd.testing.assert_series_equal(
+        merged.value_trained, merged.value_probed, check_names=False, rtol=0, atol=0
+    )
+    assert "test/nmse" in probed["before"] and "test/nmse" in finetune["after"]
