@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 from typing import Any
 
 import wandb
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from omegaconf import DictConfig, open_dict
 from wandb.errors import AuthenticationError
 from wandb.sdk.lib.runid import generate_id
@@ -34,6 +37,29 @@ def wandb_goes_offline() -> bool:
     except AuthenticationError as err:
         log.warning("W&B: the netrc key for %s is not usable (%s).", settings.base_url, err)
         return True
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that an existing ``metrics.csv`` (a run resumed in place)
+    is continued: its header is taken over and new rows are appended, where Lightning's writer
+    deletes the file."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as file:
+                self.metrics_keys = next(csv.reader(file), [])
+
+
+class AppendingCSVLogger(CSVLogger):
+    """``logger=csv``: Lightning's CSVLogger that keeps the rows already in ``metrics.csv``."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> dict[str, Logger]:

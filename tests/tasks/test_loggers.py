@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import wandb
 from omegaconf import OmegaConf
 
-from isoprobe.tasks.loggers import build_loggers, wandb_goes_offline
+from isoprobe.tasks.loggers import AppendingCSVLogger, build_loggers, wandb_goes_offline
 
 SELF_HOSTED = "https://wandb.mylab.example"
 
@@ -78,3 +79,16 @@ def test_build_loggers_sets_offline_only_without_a_key_and_fixes_a_wandb_run_id(
     build_loggers(cfg, {"wandb": "resumed1"})
     assert cfg.wandb.offline is False
     assert cfg.wandb.id == "resumed1" and cfg.wandb.resume == "allow"
+
+
+def test_csv_logger_continues_the_metrics_file_of_a_run_resumed_in_place(tmp_path):
+    first = AppendingCSVLogger(str(tmp_path), name="csv", version="")
+    first.log_metrics({"train/loss": 4.0}, step=1)
+    first.save()
+    again = AppendingCSVLogger(str(tmp_path), name="csv", version="")
+    again.log_metrics({"train/loss": 3.0, "val/loss": 3.5}, step=2)  # a new column too
+    again.save()
+    rows = pd.read_csv(tmp_path / "csv" / "metrics.csv")
+    assert rows.step.tolist() == [1, 2]
+    assert rows["train/loss"].tolist() == [4.0, 3.0]
+    assert rows["val/loss"].isna().tolist() == [True, False]
