@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, Sampler
 
 from isoprobe.data.registry import DatasetSpec, SeriesCollection, dataset_spec, load_series
 from isoprobe.data.windows import (
@@ -33,6 +34,24 @@ log = logging.getLogger(__name__)
 SHORT_SERIES_POLICIES = ("skip", "error")
 
 
+class EpochSampler(Sampler[int]):
+    """``num_samples`` of ``size`` indices without replacement, in an order that depends on
+    (``seed``, epoch) alone, the epoch read from ``epoch()`` when iteration starts. It draws
+    nothing from the global generator, so a run resumed from a checkpoint trains on the same
+    windows in the same order as an uninterrupted run, and dropout draws the same masks."""
+
+    def __init__(self, size: int, num_samples: int, seed: int, epoch: Callable[[], int]) -> None:
+        self.size, self.num_samples, self.seed, self.epoch = size, num_samples, seed, epoch
+
+    def __iter__(self) -> Iterator[int]:
+        (state,) = np.random.SeedSequence([self.seed, self.epoch()]).generate_state(1)
+        generator = torch.Generator().manual_seed(int(state))
+        return iter(torch.randperm(self.size, generator=generator)[: self.num_samples].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 class TimeSeriesDataModule(L.LightningDataModule):
     """(context, target) windows of a registered data set, split by time within each series.
 
@@ -48,8 +67,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
         split: fractions of every series for train / validation / test, in time order.
         train_stride / eval_stride: steps between window starts; ``eval_stride`` None = the
             horizon (validation/test targets do not overlap).
-        max_train_windows: windows drawn afresh, without replacement, every epoch (with the
-            Trainer's seed); None = all windows, shuffled.
+        max_train_windows: windows drawn afresh, without replacement, every epoch, in an order
+            set by ``seed`` and the epoch (:class:`EpochSampler`); None = all windows, shuffled
+            the same way.
         max_eval_windows: validation and test windows kept, evenly spaced, in a fixed order.
         scaling: per-window scaling from the context only: ``none`` | ``mean`` (divide by the
             mean |x|) | ``standard`` (subtract the mean, divide by the standard deviation).
@@ -61,7 +81,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             (skip the windows touching one) | ``error``.
         short_series: a series shorter than one window (context + horizon): ``skip`` it (and
             count it in the report) | ``error``.
-        seed: seed of the noise.
+        seed: seed of the noise and of the training windows' order.
     """
 
     def __init__(
@@ -217,17 +237,23 @@ class TimeSeriesDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         dataset = self._built(self.train_dataset)
-        sampler = None
-        if self.max_train_windows is not None and self.max_train_windows < len(dataset):
-            sampler = RandomSampler(dataset, num_samples=self.max_train_windows)
+        count = len(dataset)
+        if self.max_train_windows is not None:
+            count = min(count, self.max_train_windows)
+        sampler = EpochSampler(len(dataset), count, self.seed, self._current_epoch)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=sampler is None,
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # worker seeds from here, not from the global generator that dropout draws from
+            generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _current_epoch(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.current_epoch if trainer is not None else 0
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader(self.val_dataset)

@@ -92,6 +92,12 @@ class ForecastModule(L.LightningModule, ABC):
     def token_mask(self, batch: Batch, layer_name: str) -> Tensor:
         """Bool [B, T]: positions of ``layer_name``'s output that are real context tokens."""
 
+    @abstractmethod
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Estimated peak memory of one training step on ``batch_size`` windows (weights,
+        optimiser state and the activations kept for backward), to refuse a run that cannot
+        fit before it starts."""
+
     def probe_forward(self, batch: Batch) -> None:
         """The forward pass during which the probe's hooks capture representations."""
         self.loss(batch)

@@ -57,12 +57,12 @@ class ChronosT5Module(ForecastModule):
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
         if self.context_length > chronos_config.context_length:
-            raise ValueError(
-                f"data.context_length={self.context_length} is longer than the "
-                f"{chronos_config.context_length} steps this Chronos-T5 checkpoint "
-                f"({self.resolved_checkpoint.describe()}) was trained on (its context_length); "
-                "attention memory grows with its square. Set data.context_length <= "
-                f"{chronos_config.context_length}."
+            log.warning(
+                "data.context_length=%d is longer than the %d steps this Chronos-T5 checkpoint "
+                "was trained on: its relative positions extrapolate, and attention memory grows "
+                "with the square of the context.",
+                self.context_length,
+                chronos_config.context_length,
             )
         self.t5 = t5
         self.chronos_config = dataclasses.replace(
@@ -86,6 +86,23 @@ class ChronosT5Module(ForecastModule):
         self.t5.config.chronos_config = dataclasses.asdict(self.chronos_config)
         export = copy.deepcopy(self.t5).to(getattr(torch, dtype))
         export.save_pretrained(directory, safe_serialization=True)
+
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a T5 training step: weights, gradients and two AdamW moments (4
+        copies), and per encoder layer the attention tensors kept for backward (scores, softmax,
+        dropout output: 3 x B x H x T^2) and the hidden activations (~ B x T x (8 d_model + 2
+        d_ff)); the decoder's are the same with the horizon, plus cross-attention."""
+        config = self.t5.config
+        tokens = self.context_length + 1  # EOS
+        steps = self.prediction_length + 1  # start token
+        heads, width, ff = config.num_heads, config.d_model, config.d_ff
+        encoder = 3 * heads * tokens**2 + tokens * (8 * width + 2 * ff)
+        decoder = 3 * heads * (steps**2 + steps * tokens) + steps * (10 * width + 2 * ff)
+        activations = batch_size * (
+            config.num_layers * encoder + config.num_decoder_layers * decoder
+        )
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return 4 * (activations + weights)
 
     def _tokenize_context(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         ids, mask, scale = self.tokenizer.context_input_transform(batch["context"].cpu())

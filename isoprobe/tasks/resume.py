@@ -2,26 +2,85 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import pickle
+import random
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from isoprobe.models.checkpoints import CheckpointError
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_KEY = "isoprobe_run"
 
 
-class RunIdentity(Callback):
-    """Stores the W&B run ids (and the resolved model checkpoint) in every Lightning checkpoint."""
+#: the data settings that define the windows (and so the probe set) of a run
+DATA_IDENTITY_KEYS = (
+    "dataset",
+    "dataset_kwargs",
+    "context_length",
+    "prediction_length",
+    "split",
+    "eval_stride",
+    "max_eval_windows",
+    "scaling",
+    "noise_std",
+    "nan_policy",
+)
 
-    def __init__(self, wandb_ids: dict[str, Any], resolved_checkpoint: str) -> None:
+
+def data_identity(datamodule: Any) -> dict[str, Any]:
+    """The settings of ``DATA_IDENTITY_KEYS`` as plain values (lists, not tuples)."""
+    return json.loads(json.dumps({key: getattr(datamodule, key) for key in DATA_IDENTITY_KEYS}))
+
+
+def rng_states() -> dict[str, Any]:
+    """The global torch (CPU and initialised CUDA), numpy and Python random states, in types
+    that a ``weights_only`` load accepts."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class RunIdentity(Callback):
+    """Stores in every Lightning checkpoint what Lightning's own state lacks for a resumed run to
+    be the same run: the W&B run ids, the resolved model checkpoint, the data settings that
+    define the windows, and the random states, which are restored when training resumes so that
+    the resumed run draws the same batches and dropout masks as an uninterrupted one."""
+
+    def __init__(
+        self, wandb_ids: dict[str, Any], resolved_checkpoint: str, data: dict[str, Any]
+    ) -> None:
         self.wandb_ids = dict(wandb_ids)
         self.resolved_checkpoint = resolved_checkpoint
+        self.data = data
+        self._rng_to_restore: dict[str, Any] | None = None
 
     @override
     def on_save_checkpoint(
@@ -30,7 +89,44 @@ class RunIdentity(Callback):
         checkpoint[CHECKPOINT_KEY] = {
             "wandb_ids": self.wandb_ids,
             "resolved_checkpoint": self.resolved_checkpoint,
+            "data": self.data,
+            "rng": rng_states(),
         }
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._rng_to_restore = checkpoint.get(CHECKPOINT_KEY, {}).get("rng")
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # here, not at load: the uninterrupted run drew nothing between saving the checkpoint
+        # and the next epoch's first draw, which comes right after this hook
+        if self._rng_to_restore is not None:
+            set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
+
+
+def check_same_data(identity: dict[str, Any], current: dict[str, Any], allow: bool) -> None:
+    """Refuse to resume on other data than the checkpoint's run (the trajectory would join two
+    probe sets) unless ``allow`` (``resume_allow_data_change=true``) says it is meant."""
+    saved = identity.get("data")
+    if saved is None:
+        return
+    changed = {
+        key: (saved.get(key), current[key]) for key in current if saved.get(key) != current[key]
+    }
+    if changed and not allow:
+        details = "; ".join(f"data.{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        raise CheckpointError(
+            f"the checkpoint was trained on other data than this run's ({details}): its probe "
+            "trajectory would join two different probe sets. Resume with the same data "
+            "settings, or set resume_allow_data_change=true if that is what you want."
+        )
+    if changed:
+        log.warning("resuming on changed data settings: %s", changed)
 
 
 def read_checkpoint(ckpt_path: str) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from isoprobe.callbacks import IsotropyProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
-from isoprobe.tasks.resume import RunIdentity, check_resume_checkpoint
+from isoprobe.tasks.memory import check_training_fits
+from isoprobe.tasks.resume import (
+    RunIdentity,
+    check_resume_checkpoint,
+    check_same_data,
+    data_identity,
+)
 from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
@@ -61,12 +67,15 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     datamodule.setup("fit")
     model = build_model(cfg.model, datamodule)
     identity = check_resume_checkpoint(cfg.get("ckpt_path"), model)
+    data = data_identity(datamodule)
+    if cfg.task.name != "probe":  # probing saved weights on other data is a use, not a slip
+        check_same_data(identity, data, bool(cfg.get("resume_allow_data_change", False)))
     loggers = build_loggers(cfg.get("logger"), identity.get("wandb_ids", {}))
     resolved = model.resolved_checkpoint.describe()
     callbacks = [
         instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
     ]
-    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved))
+    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
@@ -103,6 +112,7 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task in ("finetune", "pretrain"):
+        check_training_fits(model, datamodule.batch_size, trainer)
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]

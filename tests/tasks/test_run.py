@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError
 
 from isoprobe.data import UnknownDatasetError
+from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.tasks import run_task
 from tests.conftest import ROOT, TINY, compose_config, wandb_home_env, wandb_records
 
@@ -248,3 +249,51 @@ def test_probe_task_on_a_checkpoint_probes_its_weights_at_its_epoch(tmp_path):
         merged.value_trained, merged.value_probed, check_names=False, rtol=0, atol=0
     )
     assert "test/nmse" in probed["before"] and "test/nmse" in finetune["after"]
+
+
+def train_losses(run_dir) -> pd.Series:
+    """Training loss by step from the run's csv/metrics.csv."""
+    rows = pd.read_csv(run_dir / "csv" / "metrics.csv")
+    rows = rows[rows["train/loss"].notna()]
+    return rows.set_index("step")["train/loss"]
+
+
+@pytest.mark.slow
+def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path):
+    common = ["model.checkpoint=scratch", "task.evaluate_before=false", "task.evaluate_after=false"]
+    common.append("trainer.log_every_n_steps=1")
+    run_tiny(tmp_path / "whole", *common, "trainer.max_epochs=2")
+    run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1")
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    run_tiny(tmp_path / "resumed", *common, "trainer.max_epochs=2", f"ckpt_path={last}")
+
+    whole, resumed = train_losses(tmp_path / "whole"), train_losses(tmp_path / "resumed")
+    assert len(resumed) > 0 and resumed.index.min() > train_losses(tmp_path / "first").index.max()
+    pd.testing.assert_series_equal(whole.loc[resumed.index], resumed, rtol=0, atol=0)
+    key = ["epoch", "layer", "metric"]
+    merged = probe_csv(tmp_path / "whole").merge(probe_csv(tmp_path / "resumed"), on=key)
+    assert set(merged.epoch) == {0, 1, 2}
+    pd.testing.assert_series_equal(
+        merged.value_x, merged.value_y, check_names=False, rtol=0, atol=0
+    )
+
+
+def test_resuming_on_other_data_is_refused_unless_allowed(tmp_path):
+    base = [*TINY, "model.checkpoint=scratch", "logger=none", "task.evaluate_before=false"]
+    run_task(compose_config(tmp_path / "first", base))
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    changed = [*base, "trainer.max_epochs=2", f"ckpt_path={last}", "data.dataset=epf_prices"]
+    with pytest.raises(CheckpointError, match="data.dataset: 'vic_elec' -> 'epf_prices'"):
+        run_task(compose_config(tmp_path / "second", changed))
+    with pytest.raises(CheckpointError, match="data.context_length: 144 -> 96"):
+        run_task(compose_config(tmp_path / "third", [*changed[:-1], "data.context_length=96"]))
+    allowed = [*changed, "resume_allow_data_change=true", "task.evaluate_after=false"]
+    run_task(compose_config(tmp_path / "fourth", allowed))
+    assert sorted(probe_csv(tmp_path / "fourth").epoch.unique()) == [0, 1, 2]
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_training(tiny_config, tmp_path):
+    cfg = tiny_config("data.context_length=2000", "data.batch_size=512", "model.checkpoint=scratch")
+    with pytest.raises(MemoryError, match=r"one training step needs about \d+\.\d GiB"):
+        run_task(cfg)
+    assert not (tmp_path / "checkpoints").exists()
