@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Sampler
 
+from isoprobe.data.local import load_local
 from isoprobe.data.registry import DatasetSpec, SeriesCollection, dataset_spec, load_series
 from isoprobe.data.windows import (
     NAN_POLICIES,
@@ -32,6 +33,8 @@ from isoprobe.data.windows import (
 log = logging.getLogger(__name__)
 
 SHORT_SERIES_POLICIES = ("skip", "error")
+#: the keyword arguments of the ``local`` loader that ``data=local`` takes as ``data.*`` keys
+LOCAL_READING_OPTIONS = tuple(inspect.signature(load_local).parameters)[1:]
 
 
 class EpochSampler(Sampler[int]):
@@ -317,32 +320,16 @@ def _check_loader_kwargs(spec: DatasetSpec, kwargs: dict[str, Any]) -> None:
 
 class LocalDataModule(TimeSeriesDataModule):
     """:class:`TimeSeriesDataModule` over your own file (``data=local data.path=<file>``): the
-    reading options of :func:`isoprobe.data.local.load_local` are ``data.*`` keys of their own,
-    and a series shorter than one window is an error by default."""
+    reading options of :func:`isoprobe.data.local.load_local` (``layout``, ``id_column``,
+    ``timestamp_column``, ``target_column``, ``freq``, ``season_length``) are ``data.*`` keys of
+    their own, and a series shorter than one window is an error by default."""
 
     def __init__(
-        self,
-        path: str,
-        layout: str = "auto",
-        id_column: str = "item_id",
-        timestamp_column: str = "timestamp",
-        target_column: str = "target",
-        freq: str | None = None,
-        season_length: int | None = None,
-        dataset: str = "local",
-        short_series: str = "error",
-        **kwargs: Any,
+        self, path: str, dataset: str = "local", short_series: str = "error", **kwargs: Any
     ) -> None:
         if path is None:
             raise ValueError("data=local needs a file: data.path=/path/to/series.csv")
-        reading = {
-            "layout": layout,
-            "id_column": id_column,
-            "timestamp_column": timestamp_column,
-            "target_column": target_column,
-            "freq": freq,
-            "season_length": season_length,
-        }
+        reading = {name: kwargs.pop(name) for name in LOCAL_READING_OPTIONS if name in kwargs}
         super().__init__(
             dataset=dataset, path=path, dataset_kwargs=reading, short_series=short_series, **kwargs
         )
