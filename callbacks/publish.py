@@ -7,6 +7,7 @@ and 3-D PCA point clouds coloured by cluster.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 TABLE_COLUMNS = ["epoch", "layer", "metric", "value"]
+#: the longest transaction-log flush interval that a probe waits for (see wait_until_written)
+MAX_FLUSH_WAIT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,22 @@ def log_epoch(
                 define_wandb_axes(logger)
                 wandb_defined.add(id(logger.experiment))
             logger.log_metrics({**metrics, **(media or {})}, step=step)
+            wait_until_written(logger.experiment)
         else:
             logger.log_metrics(dict(metrics), step=step)
+
+
+def wait_until_written(run: Any) -> None:
+    """Return once wandb's service has written what ``run`` logged so far to the run's local
+    transaction log, so that the checkpoint saved after a probe never holds an epoch that a
+    killed process lost from W&B. Reading the summary is a round trip through the service,
+    which handles records in order; its writer then flushes within
+    ``x_transaction_log_flush_interval`` (0.25 s in configs/logger/wandb.yaml). With wandb's
+    default of 15 s, waiting would cost more than it saves, and nothing is waited for."""
+    interval = float(run.settings.x_transaction_log_flush_interval)
+    if 0 < interval <= MAX_FLUSH_WAIT_SECONDS:
+        dict(run.summary)
+        time.sleep(2 * interval)
 
 
 def log_trajectory_image(loggers: Sequence[Logger], path: Path) -> None:

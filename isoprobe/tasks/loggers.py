@@ -84,7 +84,7 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
                 elif not cfg.get("id"):
                     # fixed now, not when the run starts, so that checkpoints can store it
                     cfg.id = generate_id()
-        loggers[name] = instantiate(cfg)
+        loggers[name] = instantiate(cfg, _convert_="all")
     return loggers
 
 

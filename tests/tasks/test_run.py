@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -297,3 +299,39 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_training(tiny_config,
     with pytest.raises(MemoryError, match=r"one training step needs about \d+\.\d GiB"):
         run_task(cfg)
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_duplicates(tmp_path):
+    """SIGKILL right after the first epoch's checkpoint: W&B holds every epoch the checkpoint
+    holds, and the resumed run adds exactly the epochs after it."""
+    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
+    env.update(wandb_home_env(tmp_path))
+    common = [*TINY, "logger=wandb", "model.checkpoint=scratch", "data.max_train_windows=256"]
+    common += ["task.evaluate_before=false", "task.evaluate_after=false", "trainer.max_epochs=3"]
+    first = tmp_path / "first"
+    command = [sys.executable, "run.py", *common, f"hydra.run.dir={first}"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    checkpoint = first / "checkpoints" / "epoch_000.ckpt"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+    state = torch.load(checkpoint, weights_only=True)
+    (probe_state,) = [s for k, s in state["callbacks"].items() if "IsotropyProbe" in k]
+    saved = sorted({int(r["epoch"]) for r in probe_state["records"]})
+    assert saved == [0, 1]
+    _, history = wandb_history(first)
+    killed = [h["probe/epoch"] for h in history if "probe/epoch" in h]
+    assert killed == saved
+
+    second = tmp_path / "second"
+    run_py(*common, f"hydra.run.dir={second}", f"ckpt_path={checkpoint}", env=env)
+    _, history = wandb_history(second)
+    resumed = [h["probe/epoch"] for h in history if "probe/epoch" in h]
+    assert killed + resumed == [0, 1, 2, 3]
