@@ -98,6 +98,10 @@ class ForecastModule(L.LightningModule, ABC):
         optimiser state and the activations kept for backward), to refuse a run that cannot
         fit before it starts."""
 
+    @abstractmethod
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Estimated peak memory of :meth:`forecast` on ``batch_size`` windows."""
+
     def probe_forward(self, batch: Batch) -> None:
         """The forward pass during which the probe's hooks capture representations."""
         self.loss(batch)

@@ -104,6 +104,19 @@ class ChronosT5Module(ForecastModule):
         weights = 4 * sum(p.numel() for p in self.parameters())
         return 4 * (activations + weights)
 
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of sampled forecasting: the weights, the encoder's largest attention
+        tensors (scores and softmax, 2 x B x H x T^2), and for the B x num_samples sequences
+        the expanded encoder states and every decoder layer's cross-attention keys and values
+        (S x T x d_model each)."""
+        config = self.t5.config
+        tokens = self.context_length + 1
+        sequences = batch_size * self.chronos_config.num_samples
+        encoder = 2 * batch_size * config.num_heads * tokens**2
+        cross = sequences * tokens * config.d_model * (1 + 2 * config.num_decoder_layers)
+        weights = sum(p.numel() for p in self.parameters())
+        return 4 * (encoder + cross + weights)
+
     def _tokenize_context(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         ids, mask, scale = self.tokenizer.context_input_transform(batch["context"].cpu())
         return ids.to(self.device), mask.to(self.device), scale

@@ -18,7 +18,7 @@ from isoprobe.callbacks import IsotropyProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
-from isoprobe.tasks.memory import check_training_fits
+from isoprobe.tasks.memory import check_memory_fits
 from isoprobe.tasks.resume import (
     RunIdentity,
     check_resume_checkpoint,
@@ -100,6 +100,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
 def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
     task, ckpt_path = cfg.task.name, cfg.get("ckpt_path")
     results: dict[str, Any] = {"task": task}
+    training = task in ("finetune", "pretrain")
+    check_memory_fits(model, datamodule, trainer, training)
     if task == "probe":
         # the saved weights (ckpt_path) are probed and forecast, not the model config's
         trainer.validate(
@@ -112,7 +114,6 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task in ("finetune", "pretrain"):
-        check_training_fits(model, datamodule.batch_size, trainer)
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]

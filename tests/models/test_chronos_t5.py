@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from functools import partial
@@ -255,3 +256,13 @@ def test_training_memory_grows_with_the_square_of_the_context_and_linearly_with_
     large = long.training_memory_bytes(8) - weights
     assert 3.5 < large / small < 4.0  # the T^2 attention terms dominate
     assert short.training_memory_bytes(16) - weights == 2 * small
+
+
+def test_forecast_memory_is_linear_in_the_batch_and_grows_with_the_samples():
+    module = make_module()  # 6 samples
+    weights = 4 * sum(p.numel() for p in module.parameters())
+    one = module.forecast_memory_bytes(1) - weights
+    assert one > 0 and module.forecast_memory_bytes(3) - weights == 3 * one
+    fewer = module.forecast_memory_bytes(1)
+    module.chronos_config = dataclasses.replace(module.chronos_config, num_samples=60)
+    assert module.forecast_memory_bytes(1) > fewer

@@ -294,11 +294,15 @@ def test_resuming_on_other_data_is_refused_unless_allowed(tmp_path):
     assert sorted(probe_csv(tmp_path / "fourth").epoch.unique()) == [0, 1, 2]
 
 
-def test_a_run_that_cannot_fit_in_memory_is_refused_before_training(tiny_config, tmp_path):
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_runs(tiny_config, tmp_path):
     cfg = tiny_config("data.context_length=2000", "data.batch_size=512", "model.checkpoint=scratch")
     with pytest.raises(MemoryError, match=r"one training step needs about \d+\.\d GiB"):
         run_task(cfg)
     assert not (tmp_path / "checkpoints").exists()
+    cfg = tiny_config("data.context_length=2000", "data.eval_batch_size=4096", "task=probe")
+    with pytest.raises(MemoryError, match=r"forecasting one evaluation batch needs about"):
+        run_task(cfg)
+    assert not (tmp_path / "probe_metrics.csv").exists()
 
 
 @pytest.mark.slow
