@@ -113,7 +113,7 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
             )[0]
     elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
-    if task in ("finetune", "pretrain"):
+    if training:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
