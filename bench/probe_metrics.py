@@ -38,12 +38,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from lightning.pytorch import Callback
-from sklearn.cluster import KMeans
-from sklearn.metrics import silhouette_score
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from isoprobe.metrics import ProbeMetricsConfig, probe_metrics
+from isoprobe.metrics import ProbeMetricsConfig, probe_metrics, reference
 from isoprobe.metrics._tokens import centre
 from isoprobe.metrics.gram import feature_gram, gram_matrix, pairwise_distances_
 from isoprobe.metrics.kmeans import kmeans_sweep
@@ -100,31 +98,12 @@ def diffuse_cloud(n: int, dim: int, seed: int) -> np.ndarray:
     return rng.normal(size=dim) * 3.0 + anisotropic_gaussian(rng, n, dim, 1.0, decay=1.0)
 
 
-def mean_pairwise_cosine(X: np.ndarray) -> float:
-    """Mean cosine over ordered pairs i != j, brute force over the N x N Gram matrix."""
-    U = X / np.linalg.norm(X, axis=1, keepdims=True)
-    gram = U @ U.T
-    n = len(X)
-    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
-
-
 def reference_cluster_cosine(X: np.ndarray) -> tuple[float, int, float]:
-    """The authors' computation: (cluster cosine, k, best silhouette)."""
-    centred = X - X.mean(axis=0)
-    best_k, best_score, best_labels = 1, -np.inf, None
-    for k in K_RANGE:
-        labels = KMeans(n_clusters=k, random_state=42).fit_predict(centred)
-        score = silhouette_score(centred, labels)
-        if score > best_score:
-            best_k, best_score, best_labels = k, score, labels
-    if best_score < MIN_SILHOUETTE:
-        best_k, best_labels = 1, np.zeros(len(X), dtype=int)
-    values = []
-    for c in range(best_k):
-        members = centred[best_labels == c]
-        if len(members) >= 2:
-            values.append(mean_pairwise_cosine(members - members.mean(axis=0)))
-    return float(np.mean(values)), best_k, float(best_score)
+    """The authors' computation, as :mod:`isoprobe.metrics.reference` defines it (scikit-learn
+    k-means and silhouettes, seed 42): (cluster cosine, k, best silhouette)."""
+    return reference.cluster_adjusted_cosine(
+        X, K_RANGE.start, K_RANGE.stop - 1, MIN_SILHOUETTE, seed=42
+    )
 
 
 def timed(fn, *args):

@@ -1,10 +1,12 @@
-"""Point clouds whose geometry is known, and brute-force references, for the metrics tests."""
+"""Point clouds whose geometry is known, and the reference definitions, for the metrics tests."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+
+from isoprobe.metrics import reference
 
 
 def _gaussian(n: int, d: int, seed: int = 0, scales: torch.Tensor | None = None) -> torch.Tensor:
@@ -33,15 +35,6 @@ def _separated_clusters(
     return torch.as_tensor(X), np.concatenate(truth)[order]
 
 
-def _brute_force_cosine(X: np.ndarray) -> float:
-    """Mean cosine over ordered pairs i != j of the nonzero rows, from the full Gram matrix."""
-    X = X[np.linalg.norm(X, axis=1) > 0]
-    U = X / np.linalg.norm(X, axis=1, keepdims=True)
-    gram = U @ U.T
-    n = len(U)
-    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
-
-
 @pytest.fixture
 def gaussian():
     return _gaussian
@@ -54,4 +47,5 @@ def separated_clusters():
 
 @pytest.fixture
 def brute_force_cosine():
-    return _brute_force_cosine
+    """Eq. 1 from the full N x N matrix of cosines (isoprobe.metrics.reference)."""
+    return reference.inter_token_cosine
