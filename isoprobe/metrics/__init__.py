@@ -1,4 +1,5 @@
-"""Geometry of hidden representations: pure functions on torch tensors (see METRICS.md).
+"""Geometry of hidden representations: pure functions on torch tensors; their plain definitions
+are in :mod:`isoprobe.metrics.reference`.
 
 No Lightning, no logging, no I/O; float64 on the input's device.
 """
