@@ -147,7 +147,7 @@ def _capture_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, list[Te
             handle.remove()
 
 
-def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor) -> tuple[Tensor, list[int]]:
+def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple[Tensor, list[int]]:
     if len(outputs) != 1:
         raise RuntimeError(
             f"IsotropyProbe: layer {name!r} ran {len(outputs)} times in one probe_forward; "
@@ -160,6 +160,8 @@ def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor) -> tuple[Tensor
             f"IsotropyProbe: layer {name!r} must output [B, T, D] (or a tuple starting with it), "
             f"got {shape}; point probe_layers() at the module whose output is the representation"
         )
+    if mask is None:
+        mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
     if tuple(mask.shape) != tuple(hidden.shape[:2]):
         raise RuntimeError(
             f"IsotropyProbe: token_mask(batch, {name!r}) has shape {tuple(mask.shape)} but the "
@@ -176,8 +178,10 @@ def run_probe_forward(
     windows: Sequence[int],
     plan: ProbePlan,
     layers: dict[str, nn.Module],
+    all_tokens: bool = False,
 ) -> dict[str, LocalTokens]:
-    """This rank's share of the probe set through the model: masked rows per layer.
+    """This rank's share of the probe set through the model: masked rows per layer (every
+    position of the layer's output if ``all_tokens``, else the model's ``token_mask``).
 
     One forward pass per batch captures every layer (forward hooks), in eval mode, without
     gradients and under the trainer's validation precision context.
@@ -194,9 +198,8 @@ def run_probe_forward(
             with trainer.precision_plugin.val_step_context():
                 pl_module.probe_forward(batch)
             for name in layers:
-                kept, per_window = _masked_rows(
-                    name, captured[name], pl_module.token_mask(batch, name)
-                )
+                mask = None if all_tokens else pl_module.token_mask(batch, name)
+                kept, per_window = _masked_rows(name, captured[name], mask)
                 rows[name].append(kept[:0] if is_padding else kept)
                 if not is_padding:
                     counts[name] += per_window

@@ -58,8 +58,10 @@ from isoprobe.metrics import (
     cluster_adjusted_cosine,
     probe_metrics,
 )
+from isoprobe.models.base import check_probe_site
 
 CSV_NAME = "probe_metrics.csv"
+TOKEN_CHOICES = ("real", "all")
 TRAJECTORY_PNG = "probe_trajectories.png"
 PCA_DIR = "pca"
 ERROR_METRIC = "error"
@@ -96,6 +98,11 @@ class IsotropyProbe(Callback):
         seed: seed of the random window choice, the token subsample and k-means.
         output_dir: where ``probe_metrics.csv`` and the PNGs go; None = ``trainer.log_dir``
             (the first logger's directory, else ``trainer.default_root_dir``).
+        site: ``block`` (every block's output, the residual stream) | ``attention`` (every
+            self-attention sub-layer's output before the residual add, the isotropy paper's
+            site); see ``ForecastModule.probe_layers``.
+        tokens: ``real`` (the model's ``token_mask``: observed context values only) | ``all``
+            (every position, EOS, padding and special tokens included, as the paper's code).
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
             first and last probed layer if there is no encoder layer); ``[]`` = none.
@@ -119,6 +126,8 @@ class IsotropyProbe(Callback):
         output_dir: str | None = None,
         pca_layers: list[str] | None = None,
         log_tables: bool = True,
+        site: str = "block",
+        tokens: str = "real",
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
@@ -133,6 +142,9 @@ class IsotropyProbe(Callback):
                 "layers=[] probes nothing; give layer names, null for every layer, or turn the "
                 "probe off with callbacks=none"
             )
+        check_probe_site(site)
+        if tokens not in TOKEN_CHOICES:
+            raise ValueError(f"tokens must be one of {TOKEN_CHOICES}, got {tokens!r}")
         if window_selection not in WINDOW_SELECTIONS:
             raise ValueError(
                 f"window_selection must be one of {WINDOW_SELECTIONS}, got {window_selection!r}"
@@ -148,6 +160,8 @@ class IsotropyProbe(Callback):
         self.output_dir = output_dir
         self.pca_layers = list(pca_layers) if pca_layers is not None else None
         self.log_tables = bool(log_tables)
+        self.site = site
+        self.tokens = tokens
 
         self._records: list[dict[str, Any]] = []
         self._probed_epochs: set[int] = set()
@@ -277,7 +291,7 @@ class IsotropyProbe(Callback):
                 f"IsotropyProbe needs a model with probe_layers(), probe_forward() and "
                 f"token_mask() (an isoprobe ForecastModule); {type(pl_module).__name__} has not"
             )
-        available = pl_module.probe_layers()
+        available = pl_module.probe_layers(self.site)
         if self.layers is None:
             return dict(available)
         unknown = [name for name in self.layers if name not in available]
@@ -325,7 +339,9 @@ class IsotropyProbe(Callback):
                 len(dataset), self.num_windows, self.window_selection, self.seed
             )
         plan = ProbePlan.build(len(self._window_indices), self.batch_size, trainer.world_size)
-        local = run_probe_forward(trainer, pl_module, dataset, self._window_indices, plan, layers)
+        local = run_probe_forward(
+            trainer, pl_module, dataset, self._window_indices, plan, layers, self.tokens == "all"
+        )
         tokens = gather_subsampled_tokens(trainer, plan, local, self.max_tokens, self.seed)
         del local
 

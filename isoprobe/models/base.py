@@ -42,6 +42,15 @@ class Forecast:
         return Forecast(undo(self.quantiles), self.levels, undo(self.median), samples)
 
 
+#: where a probe reads the representations (see :meth:`ForecastModule.probe_layers`)
+PROBE_SITES = ("block", "attention")
+
+
+def check_probe_site(site: str) -> None:
+    if site not in PROBE_SITES:
+        raise ValueError(f"probe site must be one of {PROBE_SITES}, got {site!r}")
+
+
 class ForecastModule(L.LightningModule, ABC):
     """Training loop, optimiser and forecast metrics shared by every forecaster wrapper.
 
@@ -85,8 +94,12 @@ class ForecastModule(L.LightningModule, ABC):
         """Forecasts of ``batch['target']`` from ``batch['context']``, in the batch's scale."""
 
     @abstractmethod
-    def probe_layers(self) -> dict[str, nn.Module]:
-        """Layer name -> module whose output is that layer's representation [B, T, D]."""
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        """Layer name -> module whose output (or its first element) is that layer's
+        representation [B, T, D]. ``site`` (:data:`PROBE_SITES`): ``block``, every block's
+        output (the residual stream; names ``embed``, ``encoder.<i>``, ``decoder.<i>``), or
+        ``attention``, every self-attention sub-layer's output after its output projection and
+        before the residual add (names ``<block>.attn``), where the isotropy paper's code reads."""
 
     @abstractmethod
     def token_mask(self, batch: Batch, layer_name: str) -> Tensor:

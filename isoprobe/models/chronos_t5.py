@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import AutoConfig, GenerationConfig, T5Config, T5ForConditionalGeneration
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule
+from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -159,10 +159,18 @@ class ChronosT5Module(ForecastModule):
         median = torch.quantile(samples, 0.5, dim=1)
         return Forecast(quantiles, self.quantile_levels, median, samples)
 
-    def probe_layers(self) -> dict[str, nn.Module]:
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        check_probe_site(site)
+        stacks = {"encoder": self.t5.encoder.block, "decoder": self.t5.decoder.block}
+        if site == "attention":  # T5Attention returns (output after the o projection, ...)
+            return {
+                f"{stack}.{i}.attn": block.layer[0].SelfAttention
+                for stack, blocks in stacks.items()
+                for i, block in enumerate(blocks)
+            }
         layers: dict[str, nn.Module] = {"embed": self.embed_tap}
-        layers.update({f"encoder.{i}": block for i, block in enumerate(self.t5.encoder.block)})
-        layers.update({f"decoder.{i}": block for i, block in enumerate(self.t5.decoder.block)})
+        for stack, blocks in stacks.items():
+            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
         return layers
 
     def token_mask(self, batch: Batch, layer_name: str) -> Tensor:

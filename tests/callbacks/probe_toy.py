@@ -79,7 +79,9 @@ class ToyForecaster(L.LightningModule):
         self.head = nn.Linear(WIDTH, HORIZON)
         self.probe_calls: list[bool] = []
 
-    def probe_layers(self) -> dict[str, nn.Module]:
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        if site != "block":
+            raise ValueError(f"the toy model has only block outputs, not {site!r}")
         return {"embed": self.embed, **{f"encoder.{i}": b for i, b in enumerate(self.blocks)}}
 
     def token_mask(self, batch: Mapping[str, Tensor], layer_name: str) -> Tensor:

@@ -266,3 +266,25 @@ def test_forecast_memory_is_linear_in_the_batch_and_grows_with_the_samples():
     fewer = module.forecast_memory_bytes(1)
     module.chronos_config = dataclasses.replace(module.chronos_config, num_samples=60)
     assert module.forecast_memory_bytes(1) > fewer
+
+
+def test_attention_site_is_each_self_attention_output_before_the_residual_add():
+    module, batch = make_module(), make_batch()
+    attention = module.probe_layers("attention")
+    assert list(attention) == [f"{s}.{i}.attn" for s in ("encoder", "decoder") for i in range(2)]
+    captured: dict[str, torch.Tensor] = {}
+    sublayer = module.t5.encoder.block[1].layer[0]  # T5LayerSelfAttention: x + attn(norm(x))
+    handles = [
+        attention["encoder.1.attn"].register_forward_hook(
+            lambda _m, _a, out: captured.update(attn=out[0])
+        ),
+        sublayer.register_forward_pre_hook(lambda _m, args: captured.update(x=args[0])),
+        sublayer.register_forward_hook(lambda _m, _a, out: captured.update(out=out[0])),
+    ]
+    module.probe_forward(batch)
+    for handle in handles:
+        handle.remove()
+    # in eval mode dropout is the identity: the sub-layer's output is its input plus the probe's
+    torch.testing.assert_close(captured["out"], captured["x"] + captured["attn"])
+    with pytest.raises(ValueError, match="probe site must be one of"):
+        module.probe_layers("mlp")

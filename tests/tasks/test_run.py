@@ -339,3 +339,24 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_dupli
     _, history = wandb_history(second)
     resumed = [h["probe/epoch"] for h in history if "probe/epoch" in h]
     assert killed + resumed == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "site, tokens, encoder_tokens, decoder_tokens",
+    [
+        ("block", "real", 8 * 144, 8 * 48),  # observed context values; targets after the start
+        ("attention", "all", 8 * 145, 8 * 49),  # every position: EOS and the start token too
+    ],
+)
+def test_probe_site_and_tokens_choose_the_layers_and_positions(
+    tiny_config, tmp_path, site, tokens, encoder_tokens, decoder_tokens
+):
+    options = [f"callbacks.isotropy.site={site}", f"callbacks.isotropy.tokens={tokens}"]
+    options += ["callbacks.isotropy.max_tokens=5000", "task=probe", "model.checkpoint=scratch"]
+    run_task(tiny_config(*options, "task.evaluate_before=false"))
+    counts = probe_csv(tmp_path).query("metric == 'n_tokens'").set_index("layer").value
+    suffix = ".attn" if site == "attention" else ""
+    encoder = [f"encoder.{i}{suffix}" for i in range(4)]
+    decoder = [f"decoder.{i}{suffix}" for i in range(4)]
+    assert set(counts.index) == set(encoder + decoder) | ({"embed"} if site == "block" else set())
+    assert (counts[encoder] == encoder_tokens).all() and (counts[decoder] == decoder_tokens).all()
