@@ -3,12 +3,14 @@
 On a probe set of validation windows fixed for the whole run, the callback collects each
 layer's real context tokens (the model's ``token_mask``), subsamples them with a fixed seed to
 at most ``max_tokens`` rows and computes :func:`isoprobe.metrics.probe_metrics` in float64
-(METRICS.md). Epoch 0 is the model as loaded, probed before the first training step; epoch e
-is the model after e training epochs. A validation-only run (``trainer.validate``) is probed
-once, as epoch ``trainer.current_epoch``.
+(definitions: :mod:`isoprobe.metrics.reference`). Epoch 0 is the model as loaded, probed before
+the first training step; epoch e is the model after e training epochs. A validation-only run
+(``trainer.validate``) is probed once: as epoch ``trainer.current_epoch``, or, for weights read
+from a checkpoint, as the epoch they were saved at.
 
 Outputs: ``probe/<metric>/<layer>`` and ``probe/epoch`` to every logger (rank zero);
-``probe_metrics.csv`` (one row per epoch x layer x metric, rewritten atomically every probe),
+``csv_name`` (``probe_metrics.csv``: one row per epoch x layer x metric, rewritten atomically
+every probe),
 ``pca/<layer>_epoch<e>.png`` and, at the end of fit, ``probe_trajectories.png`` in the output
 directory; with a W&B logger also a per-epoch table and 3-D PCA point clouds.
 """
@@ -41,7 +43,12 @@ from isoprobe.callbacks.publish import (
     scalar_metrics,
     wandb_media,
 )
-from isoprobe.callbacks.records import keep_foreign_file, make_record, write_records
+from isoprobe.callbacks.records import (
+    DEFAULT_PROBE,
+    keep_foreign_file,
+    make_record,
+    write_records,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -101,6 +108,9 @@ class IsotropyProbe(Callback):
         site: ``block`` (every block's output, the residual stream) | ``attention`` (every
             self-attention sub-layer's output before the residual add, the isotropy paper's
             site); see ``ForecastModule.probe_layers``.
+        name: the probe's name: its records' ``probe`` field and its checkpoint state key, so
+            that several probes can share one Trainer.
+        csv_name: the file its records go to in ``output_dir``.
         tokens: ``real`` (the model's ``token_mask``: observed context values only) | ``all``
             (every position, EOS, padding and special tokens included, as the paper's code).
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
@@ -128,6 +138,8 @@ class IsotropyProbe(Callback):
         log_tables: bool = True,
         site: str = "block",
         tokens: str = "real",
+        name: str = DEFAULT_PROBE,
+        csv_name: str = CSV_NAME,
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
@@ -162,6 +174,8 @@ class IsotropyProbe(Callback):
         self.log_tables = bool(log_tables)
         self.site = site
         self.tokens = tokens
+        self.name = name
+        self.csv_name = csv_name
 
         self._records: list[dict[str, Any]] = []
         self._probed_epochs: set[int] = set()
@@ -171,6 +185,12 @@ class IsotropyProbe(Callback):
         self._wandb_defined: set[int] = set()
         self._saved_at: tuple[int, int] | None = None
         self.seconds: dict[int, float] = {}
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # unique per probe name, so that several probes share one Trainer and one checkpoint
+        return self._generate_state_key(name=self.name)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -192,7 +212,7 @@ class IsotropyProbe(Callback):
     def csv_path(self) -> Path:
         if self._dir is None:
             raise RuntimeError("IsotropyProbe: the output directory is known after setup()")
-        return self._dir / CSV_NAME
+        return self._dir / self.csv_name
 
     # ---------------------------------------------------------------- Lightning hooks
 
@@ -356,7 +376,7 @@ class IsotropyProbe(Callback):
             if cloud is not None:
                 clouds[layer] = cloud
             records += [
-                make_record(epoch, step, layer, metric, value, note)
+                make_record(epoch, step, layer, metric, value, note, probe=self.name)
                 for metric, (value, note) in values.items()
             ]
         self._records += records

@@ -15,18 +15,40 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("epoch", "global_step", "layer", "metric", "value", "note")
+COLUMNS = ("probe", "epoch", "global_step", "layer", "metric", "value", "note")
+DEFAULT_PROBE = "isotropy"
+
+
+@runtime_checkable
+class RecordedProbe(Protocol):
+    """What the runner reads from any probe callback, whatever its class: its ``name`` and its
+    ``records`` (dicts with the keys of :data:`COLUMNS`)."""
+
+    name: str
+
+    @property
+    def records(self) -> list[dict[str, Any]]: ...
+
+
 _KEY = ("epoch", "global_step", "layer", "metric")
 
 
 def make_record(
-    epoch: int, global_step: int, layer: str, metric: str, value: float, note: str = ""
+    epoch: int,
+    global_step: int,
+    layer: str,
+    metric: str,
+    value: float,
+    note: str = "",
+    *,
+    probe: str = DEFAULT_PROBE,
 ) -> dict[str, Any]:
     return {
+        "probe": probe,
         "epoch": int(epoch),
         "global_step": int(global_step),
         "layer": layer,
@@ -47,6 +69,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
                 row["metric"],
                 float(row["value"]),
                 row.get("note") or "",
+                probe=row.get("probe") or DEFAULT_PROBE,
             )
             for row in csv.DictReader(f)
         ]

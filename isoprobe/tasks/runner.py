@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from isoprobe.callbacks import IsotropyProbe
+from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
@@ -119,8 +119,8 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task == "pretrain":
         results["export_dir"] = _export(cfg, trainer, model)
-    probe = next((c for c in trainer.callbacks if isinstance(c, IsotropyProbe)), None)
-    results["probe_records"] = probe.records if probe is not None else []
+    probes = [c for c in trainer.callbacks if isinstance(c, RecordedProbe)]
+    results["probe_records"] = [record for probe in probes for record in probe.records]
     return results
 
 

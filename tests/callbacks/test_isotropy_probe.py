@@ -79,7 +79,8 @@ def test_fit_probes_epoch_zero_and_every_n_epochs_with_all_layers_and_metrics(tm
 
     df = _read_csv(tmp_path / "probe_metrics.csv")
     assert sorted(df["epoch"].unique()) == [0, 2, 4]
-    assert list(df.columns[:5]) == ["epoch", "global_step", "layer", "metric", "value"]
+    assert list(df.columns[:6]) == ["probe", "epoch", "global_step", "layer", "metric", "value"]
+    assert set(df.probe) == {"isotropy"}
     steps_per_epoch = 32 // 8
     assert dict(zip(df["epoch"], df["global_step"], strict=True)) == {
         e: e * steps_per_epoch for e in (0, 2, 4)

@@ -360,3 +360,20 @@ def test_probe_site_and_tokens_choose_the_layers_and_positions(
     decoder = [f"decoder.{i}{suffix}" for i in range(4)]
     assert set(counts.index) == set(encoder + decoder) | ({"embed"} if site == "block" else set())
     assert (counts[encoder] == encoder_tokens).all() and (counts[decoder] == decoder_tokens).all()
+
+
+def test_two_probes_share_one_trainer_and_one_checkpoint(tiny_config, tmp_path):
+    second = "+callbacks.attention"
+    options = [f"{second}._target_=isoprobe.callbacks.IsotropyProbe", f"{second}.name=attention"]
+    options += [f"{second}.site=attention", f"{second}.csv_name=attention_metrics.csv"]
+    options += [f"{second}.output_dir={tmp_path}", f"{second}.num_windows=8"]
+    options += [f"{second}.max_tokens=300", f"{second}.metrics={{metrics:[cos_inter,eff_dim]}}"]
+    results = run_task(tiny_config(*options, "model.checkpoint=scratch", "logger=none"))
+    by_probe = pd.DataFrame(results["probe_records"]).groupby("probe").layer.unique()
+    assert set(by_probe["isotropy"]) >= {"embed", "encoder.0"}
+    assert all(layer.endswith(".attn") for layer in by_probe["attention"])
+    assert (tmp_path / "probe_metrics.csv").is_file()
+    assert set(pd.read_csv(tmp_path / "attention_metrics.csv").probe) == {"attention"}
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    keys = {k for k in state["callbacks"] if k.startswith("IsotropyProbe")}
+    assert keys == {"IsotropyProbe{'name': 'isotropy'}", "IsotropyProbe{'name': 'attention'}"}
