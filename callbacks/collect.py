@@ -154,21 +154,23 @@ def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple
             "probe_forward must run each probed module exactly once (no generation loops)"
         )
     hidden = outputs[0]
-    if not isinstance(hidden, Tensor) or hidden.dim() != 3:
+    if not isinstance(hidden, Tensor) or hidden.dim() < 3:
         shape = tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__
         raise RuntimeError(
-            f"IsotropyProbe: layer {name!r} must output [B, T, D] (or a tuple starting with it), "
-            f"got {shape}; point probe_layers() at the module whose output is the representation"
+            f"IsotropyProbe: layer {name!r} must output [B, ..., D] (or a tuple starting with "
+            f"it), got {shape}; point probe_layers() at the module whose output is the "
+            "representation"
         )
     if mask is None:
-        mask = torch.ones(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-    if tuple(mask.shape) != tuple(hidden.shape[:2]):
+        mask = torch.ones(hidden.shape[:-1], dtype=torch.bool, device=hidden.device)
+    if tuple(mask.shape) != tuple(hidden.shape[:-1]):
         raise RuntimeError(
-            f"IsotropyProbe: token_mask(batch, {name!r}) has shape {tuple(mask.shape)} but the "
-            f"layer's output is {tuple(hidden.shape)}; the mask must be [B, T] of that output"
+            f"IsotropyProbe: token_masks(batch, ...)[{name!r}] has shape {tuple(mask.shape)} "
+            f"but the layer's output is {tuple(hidden.shape)}; the mask must be its shape "
+            "without the width"
         )
     mask = mask.to(device=hidden.device, dtype=torch.bool)
-    return hidden[mask], mask.sum(dim=1).tolist()
+    return hidden[mask], mask.flatten(1).sum(dim=1).tolist()
 
 
 def run_probe_forward(
@@ -181,7 +183,8 @@ def run_probe_forward(
     all_tokens: bool = False,
 ) -> dict[str, LocalTokens]:
     """This rank's share of the probe set through the model: masked rows per layer (every
-    position of the layer's output if ``all_tokens``, else the model's ``token_mask``).
+    position of the layer's output if ``all_tokens``, else the model's ``token_masks``, asked
+    once per batch for every layer).
 
     One forward pass per batch captures every layer (forward hooks), in eval mode, without
     gradients and under the trainer's validation precision context.
@@ -197,9 +200,9 @@ def run_probe_forward(
                 outputs.clear()
             with trainer.precision_plugin.val_step_context():
                 pl_module.probe_forward(batch)
+            masks = {} if all_tokens else pl_module.token_masks(batch, list(layers))
             for name in layers:
-                mask = None if all_tokens else pl_module.token_mask(batch, name)
-                kept, per_window = _masked_rows(name, captured[name], mask)
+                kept, per_window = _masked_rows(name, captured[name], masks.get(name))
                 rows[name].append(kept[:0] if is_padding else kept)
                 if not is_padding:
                     counts[name] += per_window

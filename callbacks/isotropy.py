@@ -1,7 +1,7 @@
 """IsotropyProbe: the geometry of every layer's hidden representations over training.
 
 On a probe set of validation windows fixed for the whole run, the callback collects each
-layer's real context tokens (the model's ``token_mask``), subsamples them with a fixed seed to
+layer's real context tokens (the model's ``token_masks``), subsamples them with a fixed seed to
 at most ``max_tokens`` rows and computes :func:`isoprobe.metrics.probe_metrics` in float64
 (definitions: :mod:`isoprobe.metrics.reference`). Epoch 0 is the model as loaded, probed before
 the first training step; epoch e is the model after e training epochs. A validation-only run
@@ -111,7 +111,7 @@ class IsotropyProbe(Callback):
         name: the probe's name: its records' ``probe`` field and its checkpoint state key, so
             that several probes can share one Trainer.
         csv_name: the file its records go to in ``output_dir``.
-        tokens: ``real`` (the model's ``token_mask``: observed context values only) | ``all``
+        tokens: ``real`` (the model's ``token_masks``: observed context values only) | ``all``
             (every position, EOS, padding and special tokens included, as the paper's code).
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
@@ -309,7 +309,7 @@ class IsotropyProbe(Callback):
         if not hasattr(pl_module, "probe_layers"):
             raise TypeError(
                 f"IsotropyProbe needs a model with probe_layers(), probe_forward() and "
-                f"token_mask() (an isoprobe ForecastModule); {type(pl_module).__name__} has not"
+                f"token_masks() (an isoprobe ForecastModule); {type(pl_module).__name__} has not"
             )
         available = pl_module.probe_layers(self.site)
         if self.layers is None:

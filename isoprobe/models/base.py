@@ -3,13 +3,13 @@
 It owns what is the same for all models: the training/validation/test loop, the optimiser built
 from a Hydra ``_partial_`` config, forecast metrics (accumulated with distributed-safe sums) and
 the mapping of forecasts back to the data's scale. A wrapper provides the model-specific hooks:
-:meth:`loss`, :meth:`forecast`, :meth:`probe_layers`, :meth:`token_mask`, :meth:`probe_forward`.
+:meth:`loss`, :meth:`forecast`, :meth:`probe_layers`, :meth:`token_masks`, :meth:`probe_forward`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import lightning as L
@@ -102,8 +102,11 @@ class ForecastModule(L.LightningModule, ABC):
         before the residual add (names ``<block>.attn``), where the isotropy paper's code reads."""
 
     @abstractmethod
-    def token_mask(self, batch: Batch, layer_name: str) -> Tensor:
-        """Bool [B, T]: positions of ``layer_name``'s output that are real context tokens."""
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Layer name -> bool mask of the positions of its output that are real tokens, of the
+        output's shape without the width (``[B, T]`` for ``[B, T, D]``; ``[B, C, P]`` for a
+        patch model's ``[B, C, P, D]``). Called once per probe batch for every probed layer,
+        so the work the masks share (tokenising the batch) is done once."""
 
     @abstractmethod
     def training_memory_bytes(self, batch_size: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -173,23 +173,27 @@ class ChronosT5Module(ForecastModule):
             layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
         return layers
 
-    def token_mask(self, batch: Batch, layer_name: str) -> Tensor:
-        """Real tokens only: observed context values (no EOS, no NaN padding) in the encoder;
-        in the decoder, positions whose input is an observed target value (teacher forcing),
-        i.e. not the start token and not a missing value."""
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Real tokens only, the batch tokenised once: observed context values (no EOS, no NaN
+        padding) in the embedding and the encoder; in the decoder, positions whose input is an
+        observed target value (teacher forcing), i.e. not the start token, not a missing value."""
         _, context_mask, scale = self._tokenize_context(batch)
-        if layer_name == "embed" or layer_name.startswith("encoder."):
-            mask = context_mask.clone()
-            if self.chronos_config.use_eos_token:
-                mask[:, -1] = False
-            return mask
-        if layer_name.startswith("decoder."):
-            _, target_mask = self._tokenize_target(batch, scale)
-            start = torch.zeros_like(target_mask[:, :1])
-            return torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
-        raise KeyError(
-            f"unknown Chronos-T5 layer {layer_name!r}; known: {list(self.probe_layers())}"
-        )
+        encoder = context_mask.clone()
+        if self.chronos_config.use_eos_token:
+            encoder[:, -1] = False
+        _, target_mask = self._tokenize_target(batch, scale)
+        start = torch.zeros_like(target_mask[:, :1])
+        decoder = torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
+        masks = {}
+        for name in layers:
+            if name == "embed" or name.startswith("encoder."):
+                masks[name] = encoder
+            elif name.startswith("decoder."):
+                masks[name] = decoder
+            else:
+                known = [*self.probe_layers(), *self.probe_layers("attention")]
+                raise KeyError(f"unknown Chronos-T5 layer {name!r}; known: {known}")
+        return masks
 
 
 def _load(

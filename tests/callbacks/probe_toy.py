@@ -4,7 +4,7 @@ collector, shared by the IsotropyProbe tests and the DDP subprocess script."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import lightning as L
@@ -84,11 +84,10 @@ class ToyForecaster(L.LightningModule):
             raise ValueError(f"the toy model has only block outputs, not {site!r}")
         return {"embed": self.embed, **{f"encoder.{i}": b for i, b in enumerate(self.blocks)}}
 
-    def token_mask(self, batch: Mapping[str, Tensor], layer_name: str) -> Tensor:
+    def token_masks(self, batch: Mapping[str, Tensor], layers: Iterable[str]) -> dict[str, Tensor]:
         observed = torch.isfinite(batch["context"])
-        if layer_name == "embed":
-            return observed
-        return torch.cat([observed, torch.zeros_like(observed[:, :1])], dim=1)
+        blocks = torch.cat([observed, torch.zeros_like(observed[:, :1])], dim=1)
+        return {name: observed if name == "embed" else blocks for name in layers}
 
     def probe_forward(self, batch: Mapping[str, Tensor]) -> None:
         self.probe_calls.append(self._trainer is not None and self.trainer.sanity_checking)
@@ -158,8 +157,9 @@ def tokens_by_hand(
             items = [dataset[i] for i in windows[start : start + batch_size]]
             batch = {k: torch.stack([item[k] for item in items]) for k in items[0]}
             model.loss(batch)
+            masks = model.token_masks(batch, layers)
             for name in layers:
-                mask = model.token_mask(batch, name)
+                mask = masks[name]
                 for row in range(mask.shape[0]):
                     out[name].append(seen[name][row][mask[row]])
     for handle in handles:

@@ -68,17 +68,19 @@ def test_loss_equals_plain_t5_cross_entropy_on_chronos_tokens():
 
 def test_token_masks_keep_only_observed_values():
     module, batch = make_module(), make_batch()
-    encoder = module.token_mask(batch, "encoder.0")
+    masks = module.token_masks(batch, ["embed", "encoder.0", "decoder.1", "decoder.1.attn"])
+    encoder = masks["encoder.0"]
     assert encoder.shape == (3, CONTEXT + 1)  # + EOS
     assert not encoder[:, -1].any()  # EOS is not a context token
     assert encoder[0].sum() == CONTEXT - 5 and encoder[1:].sum() == 2 * CONTEXT
-    assert torch.equal(module.token_mask(batch, "embed"), encoder)
-    decoder = module.token_mask(batch, "decoder.1")
+    assert torch.equal(masks["embed"], encoder)
+    decoder = masks["decoder.1"]
+    assert torch.equal(masks["decoder.1.attn"], decoder)
     assert decoder.shape == (3, HORIZON + 1)
     assert not decoder[:, 0].any()  # the decoder start token
     assert decoder.sum() == 3 * HORIZON - 1  # one missing target value
     with pytest.raises(KeyError, match="unknown Chronos-T5 layer"):
-        module.token_mask(batch, "lm_head")
+        module.token_masks(batch, ["lm_head"])
 
 
 def test_probe_layers_capture_embedding_and_every_block():
@@ -288,3 +290,17 @@ def test_attention_site_is_each_self_attention_output_before_the_residual_add():
     torch.testing.assert_close(captured["out"], captured["x"] + captured["attn"])
     with pytest.raises(ValueError, match="probe site must be one of"):
         module.probe_layers("mlp")
+
+
+def test_token_masks_tokenise_the_batch_once_for_every_layer(monkeypatch):
+    module, batch = make_module(), make_batch()
+    calls = []
+    transform = module.tokenizer.context_input_transform
+    monkeypatch.setattr(
+        module.tokenizer,
+        "context_input_transform",
+        lambda *a, **k: calls.append(1) or transform(*a, **k),
+    )
+    layers = [*module.probe_layers(), *module.probe_layers("attention")]
+    masks = module.token_masks(batch, layers)
+    assert set(masks) == set(layers) and len(calls) == 1

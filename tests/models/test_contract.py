@@ -57,11 +57,13 @@ def test_layers_masks_and_hooks(tmp_path, name, site):
     batch = make_batch()
     with torch.no_grad(), _capture_outputs(layers) as captured:
         model.probe_forward(batch)
+    masks = model.token_masks(batch, list(layers))
+    assert set(masks) == set(layers)
     for layer, outputs in captured.items():
         assert len(outputs) == 1, layer  # each probed module runs once per probe pass
-        hidden, mask = outputs[0], model.token_mask(batch, layer)
-        assert hidden.dim() == 3 and mask.dtype == torch.bool, layer
-        assert tuple(mask.shape) == tuple(hidden.shape[:2]), layer
+        hidden, mask = outputs[0], masks[layer]
+        assert hidden.dim() >= 3 and mask.dtype == torch.bool, layer
+        assert tuple(mask.shape) == tuple(hidden.shape[:-1]), layer
         assert 0 < int(mask.sum()) < mask.numel(), layer  # some positions are not real tokens
     assert all(not m._forward_hooks for m in model.modules())  # the hooks are gone
 
