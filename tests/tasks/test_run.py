@@ -331,13 +331,14 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_dupli
     saved = sorted({int(r["epoch"]) for r in probe_state["records"]})
     assert saved == [0, 1]
     _, history = wandb_history(first)
-    killed = [h["probe/epoch"] for h in history if "probe/epoch" in h]
+    # the probe's metric rows (the end-of-fit trajectory image's row carries probe/epoch too)
+    killed = [h["probe/epoch"] for h in history if "probe/cos_inter/embed" in h]
     assert killed == saved
 
     second = tmp_path / "second"
     run_py(*common, f"hydra.run.dir={second}", f"ckpt_path={checkpoint}", env=env)
     _, history = wandb_history(second)
-    resumed = [h["probe/epoch"] for h in history if "probe/epoch" in h]
+    resumed = [h["probe/epoch"] for h in history if "probe/cos_inter/embed" in h]
     assert killed + resumed == [0, 1, 2, 3]
 
 
