@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
-TINY = [
+TINY_RUN = [
     "trainer=cpu",
     "trainer.enable_progress_bar=false",
     "trainer.max_epochs=1",
@@ -30,11 +30,25 @@ TINY = [
     "data.max_train_windows=64",
     "data.max_eval_windows=16",
     "data.batch_size=16",
-    "model.num_samples=4",
     "callbacks.isotropy.num_windows=8",
     "callbacks.isotropy.max_tokens=300",
     "callbacks.isotropy.metrics.k_max=4",
 ]
+#: per model (configs/model/<name>.yaml), the overrides that make it quick in tests
+TINY_MODEL: dict[str, list[str]] = {
+    "chronos": ["model.num_samples=4"],
+    "chronos_bolt": [],
+    "patchtst": [],
+    "lag_llama": [],
+}
+
+
+def tiny_for(model: str) -> list[str]:
+    """The tiny CPU overrides for ``model=<model>``."""
+    return [*TINY_RUN, f"model={model}", *TINY_MODEL.get(model, [])]
+
+
+TINY = tiny_for("chronos")
 
 
 def wandb_home_env(tmp_path: Path) -> dict[str, str]:
@@ -72,9 +86,10 @@ def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
 
 @pytest.fixture
 def tiny_config(tmp_path: Path):
-    """Compose a tiny CPU config; extra overrides come after the tiny defaults."""
+    """Compose a tiny CPU config of ``model`` (Chronos-T5 by default); extra overrides come
+    after the tiny defaults."""
 
-    def make(*overrides: str) -> DictConfig:
-        return compose_config(tmp_path, [*TINY, *overrides])
+    def make(*overrides: str, model: str = "chronos") -> DictConfig:
+        return compose_config(tmp_path, [*tiny_for(model), *overrides])
 
     return make

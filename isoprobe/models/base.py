@@ -1,9 +1,24 @@
 """The base LightningModule every forecaster wrapper derives from.
 
 It owns what is the same for all models: the training/validation/test loop, the optimiser built
-from a Hydra ``_partial_`` config, forecast metrics (accumulated with distributed-safe sums) and
-the mapping of forecasts back to the data's scale. A wrapper provides the model-specific hooks:
-:meth:`loss`, :meth:`forecast`, :meth:`probe_layers`, :meth:`token_masks`, :meth:`probe_forward`.
+from a Hydra ``_partial_`` config, forecast metrics (accumulated with distributed-safe sums), the
+mapping of forecasts back to the data's scale and the saved hyperparameters. A wrapper provides
+the model contract, every part of which ``tests/models/test_contract.py`` checks for every
+``configs/model/*.yaml``:
+
+- :meth:`loss` (its own training objective) and :meth:`forecast` (quantiles in the batch's
+  scale);
+- :meth:`probe_layers` per probe site, :meth:`token_masks` (which positions are real tokens, for
+  all probed layers at once), :meth:`probe_forward` (one pass that runs every probed module
+  exactly once);
+- :meth:`attention_weights` (the Q, K, V, O matrices of every block, for the rank measures);
+- :meth:`export` and ``resolved_checkpoint`` (where the weights came from);
+- :meth:`training_memory_bytes` and :meth:`forecast_memory_bytes` (the memory check).
+
+The batch (:data:`Batch`) always holds ``context`` [B, C] (NaN = missing, left padding),
+``target`` [B, H], ``loc`` and ``scale`` [B]; a data module may add further keys (``series_index``,
+``window_index``, covariates) that a model reads if it knows them. Facts about the data set as a
+whole (its frequency ``freq``, the season) come to the constructor.
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from isoprobe.evaluation import ForecastMetrics
+from isoprobe.models.checkpoints import ResolvedCheckpoint
 
 Batch = dict[str, Tensor]
 DEFAULT_QUANTILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -44,6 +60,10 @@ class Forecast:
 
 #: where a probe reads the representations (see :meth:`ForecastModule.probe_layers`)
 PROBE_SITES = ("block", "attention")
+#: the projections of a self-attention sub-layer (see :meth:`ForecastModule.attention_weights`)
+ATTENTION_PROJECTIONS = ("q", "k", "v", "o")
+#: constructor arguments that are code, not settings: kept out of the saved hyperparameters
+_NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
 
 
 def check_probe_site(site: str) -> None:
@@ -59,6 +79,8 @@ class ForecastModule(L.LightningModule, ABC):
         scheduler: optional partially-applied LR scheduler taking the optimiser.
         context_length / prediction_length: the windows the data module makes.
         season_length: seasonal period for MASE's naive scale.
+        freq: the data set's frequency (a pandas offset alias such as ``30min``, ``D``), for
+            models that condition on it (TimesFM); None when unknown.
         quantile_levels: the levels forecasts and WQL use.
         forecast_on_validation: also forecast (not just compute the loss) on validation batches,
             so that ``val/nmse``, ``val/mase`` and ``val/wql`` are logged every epoch.
@@ -71,15 +93,20 @@ class ForecastModule(L.LightningModule, ABC):
         context_length: int = 512,
         prediction_length: int = 64,
         season_length: int = 1,
+        freq: str | None = None,
         quantile_levels: Sequence[float] = DEFAULT_QUANTILES,
         forecast_on_validation: bool = True,
     ) -> None:
         super().__init__()
+        # every constructor argument of the wrapper and of this base, in the checkpoint's
+        # hyper_parameters (plain values only, so checkpoints load with weights_only=True)
+        self.save_hyperparameters(ignore=list(_NOT_HYPERPARAMETERS), logger=False)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.context_length = int(context_length)
         self.prediction_length = int(prediction_length)
         self.season_length = int(season_length)
+        self.freq = freq
         self.quantile_levels = tuple(float(q) for q in quantile_levels)
         self.forecast_on_validation = forecast_on_validation
         self.val_metrics = ForecastMetrics(self.quantile_levels, self.season_length)
@@ -107,6 +134,22 @@ class ForecastModule(L.LightningModule, ABC):
         output's shape without the width (``[B, T]`` for ``[B, T, D]``; ``[B, C, P]`` for a
         patch model's ``[B, C, P, D]``). Called once per probe batch for every probed layer,
         so the work the masks share (tokenising the batch) is done once."""
+
+    @abstractmethod
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Block name (as in ``probe_layers("block")``: ``encoder.<i>``, ``decoder.<i>``) ->
+        {``q``, ``k``, ``v``, ``o``} -> that block's self-attention projection matrix
+        ``[out_features, in_features]`` as the model applies it (``y = x @ W.T``); a fused QKV or
+        KV projection is split into its parts. The tensors are the parameters themselves (no
+        copy): the rank measures read them, compression replaces them."""
+
+    @abstractmethod
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """Write the weights in the format ``model.checkpoint=<directory>`` loads (the official
+        one where the model has one), so that the reloaded model forecasts identically."""
+
+    #: where the weights came from: set by the wrapper from ``model.checkpoint``
+    resolved_checkpoint: ResolvedCheckpoint
 
     @abstractmethod
     def training_memory_bytes(self, batch_size: int) -> int:

@@ -19,7 +19,13 @@ from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import AutoConfig, GenerationConfig, T5Config, T5ForConditionalGeneration
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import (
+    ATTENTION_PROJECTIONS,
+    Batch,
+    Forecast,
+    ForecastModule,
+    check_probe_site,
+)
 from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
 
 log = logging.getLogger(__name__)
@@ -172,6 +178,19 @@ class ChronosT5Module(ForecastModule):
         for stack, blocks in stacks.items():
             layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
         return layers
+
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
+        (``[d_model, H d_kv]``); T5's projections have no bias."""
+        stacks = {"encoder": self.t5.encoder.block, "decoder": self.t5.decoder.block}
+        return {
+            f"{stack}.{i}": {
+                part: getattr(block.layer[0].SelfAttention, part).weight
+                for part in ATTENTION_PROJECTIONS
+            }
+            for stack, blocks in stacks.items()
+            for i, block in enumerate(blocks)
+        }
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens only, the batch tokenised once: observed context values (no EOS, no NaN

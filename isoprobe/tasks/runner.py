@@ -33,7 +33,7 @@ TASKS = ("finetune", "probe", "pretrain")
 
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
-    """The model config with the data module's window lengths and season."""
+    """The model config with the data module's window lengths, season and frequency."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     kwargs.pop("name", None)
     return instantiate(
@@ -41,6 +41,7 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
         context_length=datamodule.context_length,
         prediction_length=datamodule.prediction_length,
         season_length=datamodule.season_length,
+        freq=datamodule.freq,
         _convert_="all",
     )
 

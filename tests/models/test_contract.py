@@ -11,7 +11,7 @@ import torch
 from isoprobe.callbacks.collect import _capture_outputs
 from torch import nn
 
-from isoprobe.models.base import PROBE_SITES, ForecastModule
+from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, ForecastModule
 from isoprobe.tasks.runner import build_model
 from tests.conftest import CONFIG_DIR, compose_config
 
@@ -21,7 +21,9 @@ CONTEXT, HORIZON, BATCH = 32, 8, 3
 
 def build(tmp_path, name: str, checkpoint: str = "scratch") -> ForecastModule:
     cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}"])
-    windows = SimpleNamespace(context_length=CONTEXT, prediction_length=HORIZON, season_length=1)
+    windows = SimpleNamespace(
+        context_length=CONTEXT, prediction_length=HORIZON, season_length=1, freq="h"
+    )
     torch.manual_seed(0)
     return build_model(cfg.model, windows).eval()
 
@@ -29,7 +31,7 @@ def build(tmp_path, name: str, checkpoint: str = "scratch") -> ForecastModule:
 def make_batch(scale: float = 1.0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     context = (torch.randn(BATCH, CONTEXT, generator=g).cumsum(-1) + 20) * scale
-    context[0, :6] = float("nan")  # missing values / left padding
+    context[0, :20] = float("nan")  # left padding: a short series, whole patches missing
     target = (torch.randn(BATCH, HORIZON, generator=g) + 20) * scale
     return {
         "context": context,
@@ -64,7 +66,10 @@ def test_layers_masks_and_hooks(tmp_path, name, site):
         hidden, mask = outputs[0], masks[layer]
         assert hidden.dim() >= 3 and mask.dtype == torch.bool, layer
         assert tuple(mask.shape) == tuple(hidden.shape[:-1]), layer
-        assert 0 < int(mask.sum()) < mask.numel(), layer  # some positions are not real tokens
+        assert int(mask.sum()) > 0, layer
+        if layer == "embed" or layer.startswith("encoder."):
+            # layers that read the context: the missing values are no real tokens
+            assert int(mask.sum()) < mask.numel(), layer
     assert all(not m._forward_hooks for m in model.modules())  # the hooks are gone
 
 
@@ -101,3 +106,43 @@ def test_export_and_reload_give_identical_forecasts(tmp_path, name):
     first, again = seeded_forecast(model, batch), seeded_forecast(reloaded, batch)
     assert torch.equal(first.quantiles, again.quantiles)
     assert torch.equal(first.median, again.median)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_attention_weights_are_the_parameters_the_blocks_apply(tmp_path, name):
+    model = build(tmp_path, name)
+    weights = model.attention_weights()
+    blocks = [n for n in model.probe_layers("block") if n != "embed"]
+    assert list(weights) == blocks
+    parameters = {id(p) for p in model.parameters()}
+    for block, parts in weights.items():
+        assert tuple(parts) == ATTENTION_PROJECTIONS, block
+        q, k, v, o = (parts[p] for p in ATTENTION_PROJECTIONS)
+        assert q.dim() == k.dim() == v.dim() == o.dim() == 2, block
+        assert q.shape[1] == k.shape[1] == v.shape[1] == o.shape[0], block  # model width in
+        assert q.shape[0] == k.shape[0] and o.shape[1] == v.shape[0], block
+        # the parameters themselves or views of them (a fused projection split), never copies
+        assert all(
+            id(w) in parameters or (w._base is not None and id(w._base) in parameters)
+            for w in parts.values()
+        ), block
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_hyperparameters_are_saved_as_plain_values(tmp_path, name):
+    model = build(tmp_path, name)
+    hparams = dict(model.hparams)
+    assert hparams["context_length"] == CONTEXT and hparams["prediction_length"] == HORIZON
+    assert hparams["freq"] == "h"
+    assert "optimizer" not in hparams and "scheduler" not in hparams
+    # weights_only checkpoints hold plain containers only
+    plain = (str, int, float, bool, type(None), list, tuple, dict)
+
+    pending = list(hparams.values())
+    while pending:
+        value = pending.pop()
+        assert isinstance(value, plain), type(value)
+        if isinstance(value, dict):
+            pending += value.values()
+        elif isinstance(value, (list, tuple)):
+            pending += value
