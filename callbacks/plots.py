@@ -4,7 +4,7 @@ metric trajectories over epochs. Matplotlib with the non-interactive Agg backend
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +100,48 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def save_flow_of_ranks(
+    path: Path, panels: Mapping[str, Mapping[float, Sequence[tuple[str, int]]]], title: str
+) -> None:
+    """Rank-structure paper figures 5 and 6: one panel per matrix kind (``input``, ``q``, ...),
+    the ε-rank against layer (in model order), one line per ε."""
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False)
+    for ax, (panel, by_eps) in zip(axes.flat, panels.items(), strict=True):
+        for eps, points in by_eps.items():
+            ranks = [rank for _, rank in points]
+            ax.plot(range(len(points)), ranks, marker="o", ms=3, label=f"ε={eps:g}")
+        names = [layer for layer, _ in next(iter(by_eps.values()))]
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        ax.set_title(panel, fontsize=9)
+        ax.tick_params(axis="y", labelsize=7)
+    axes.flat[0].set_ylabel("ε-rank", fontsize=8)
+    axes.flat[0].legend(fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_spectra(path: Path, spectra: Mapping[str, np.ndarray], title: str) -> None:
+    """Rank-structure paper figure 2a: σ_i / σ_1 against i (log scale), one line per matrix,
+    coloured by depth."""
+    if not spectra:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(spectra)))
+    for (name, sigma), colour in zip(spectra.items(), colours, strict=True):
+        if len(sigma) and sigma[0] > 0:
+            ax.semilogy(np.arange(1, len(sigma) + 1), sigma / sigma[0], color=colour, label=name)
+    ax.set_xlabel("index i", fontsize=8)
+    ax.set_ylabel("σ_i / σ_1", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, frameon=False, ncols=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,8 +1,10 @@
 """Send one probed epoch to the trainer's loggers (call on global rank zero only).
 
-Every logger gets ``probe/<metric>/<layer>`` and ``probe/epoch``; W&B additionally gets
-``probe/*`` plotted against ``probe/epoch`` (``define_metric``), a table of the epoch's rows
-and 3-D PCA point clouds coloured by cluster.
+Every logger gets ``<prefix>/<metric>/<layer>``, ``<prefix>/epoch`` and ``<prefix>/seconds``
+(``prefix`` is the probe's ``log_prefix``: ``probe`` for the isotropy probe, ``rank`` for the
+rank probe); W&B additionally gets ``<prefix>/*`` plotted against ``<prefix>/epoch``
+(``define_metric``), a table of the epoch's rows and the media the probe adds (point clouds,
+spectra, plots).
 """
 
 from __future__ import annotations
@@ -30,55 +32,62 @@ class PointCloud:
     num_clusters: int
 
 
-def scalar_metrics(epoch: int, records: Sequence[Mapping[str, Any]], seconds: float) -> dict:
-    """``probe/<metric>/<layer>`` for every measured value, ``probe/epoch`` and
-    ``probe/seconds`` (the probe's wall time). Failed layers (metric ``error``) are left out."""
+def scalar_metrics(
+    prefix: str, epoch: int, records: Sequence[Mapping[str, Any]], seconds: float
+) -> dict[str, float]:
+    """``<prefix>/<metric>/<layer>`` for every measured value, ``<prefix>/epoch`` and
+    ``<prefix>/seconds`` (the probe's wall time). Failed layers (metric ``error``) are left out."""
     metrics: dict[str, float] = {
-        f"probe/{r['metric']}/{r['layer']}": r["value"] for r in records if r["metric"] != "error"
+        f"{prefix}/{r['metric']}/{r['layer']}": r["value"]
+        for r in records
+        if r["metric"] != "error"
     }
-    metrics["probe/epoch"] = epoch
-    metrics["probe/seconds"] = seconds
+    metrics[f"{prefix}/epoch"] = epoch
+    metrics[f"{prefix}/seconds"] = seconds
     return metrics
 
 
-def define_wandb_axes(logger: WandbLogger) -> None:
-    """Plot every ``probe/*`` key against ``probe/epoch`` instead of the global step."""
+def define_wandb_axes(logger: WandbLogger, prefix: str) -> None:
+    """Plot every ``<prefix>/*`` key against ``<prefix>/epoch`` instead of the global step."""
     run = logger.experiment
-    run.define_metric("probe/epoch")
-    run.define_metric("probe/*", step_metric="probe/epoch")
+    run.define_metric(f"{prefix}/epoch")
+    run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
 
 
-def wandb_media(
-    epoch: int,
-    records: Sequence[Mapping[str, Any]],
-    clouds: Mapping[str, PointCloud],
-    with_table: bool,
-) -> dict[str, Any]:
+def records_table(epoch: int, records: Sequence[Mapping[str, Any]]) -> Any:
+    """A W&B table of one epoch's (epoch, layer, metric, value) rows."""
     import wandb
 
-    media: dict[str, Any] = {}
-    if with_table:
-        rows = [[epoch, r["layer"], r["metric"], r["value"]] for r in records]
-        media["probe/table"] = wandb.Table(columns=TABLE_COLUMNS, data=rows)
-    for layer, cloud in clouds.items():
-        points = np.hstack([cloud.coords, cloud.colours.astype(np.float64)])
-        media[f"probe/pca/{layer}"] = wandb.Object3D(points)
-    return media
+    rows = [[epoch, r["layer"], r["metric"], r["value"]] for r in records]
+    return wandb.Table(columns=TABLE_COLUMNS, data=rows)
+
+
+def point_clouds(prefix: str, clouds: Mapping[str, PointCloud]) -> dict[str, Any]:
+    """``<prefix>/pca/<layer>``: W&B 3-D point clouds (x, y, z, r, g, b per point)."""
+    import wandb
+
+    return {
+        f"{prefix}/pca/{layer}": wandb.Object3D(
+            np.hstack([cloud.coords, cloud.colours.astype(np.float64)])
+        )
+        for layer, cloud in clouds.items()
+    }
 
 
 def log_epoch(
     loggers: Sequence[Logger],
     step: int,
+    prefix: str,
     metrics: Mapping[str, float],
     media: Mapping[str, Any] | None,
     wandb_defined: set[int],
 ) -> None:
     """One call per logger; W&B gets scalars and media in one history row. ``wandb_defined``
-    holds the ids of W&B runs already given their axes."""
+    holds the ids of W&B runs already given the ``prefix`` axes."""
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             if id(logger.experiment) not in wandb_defined:
-                define_wandb_axes(logger)
+                define_wandb_axes(logger, prefix)
                 wandb_defined.add(id(logger.experiment))
             logger.log_metrics({**metrics, **(media or {})}, step=step)
             wait_until_written(logger.experiment)
@@ -99,10 +108,10 @@ def wait_until_written(run: Any) -> None:
         time.sleep(2 * interval)
 
 
-def log_trajectory_image(loggers: Sequence[Logger], path: Path) -> None:
-    """The end-of-fit trajectory PNG as a W&B image (other loggers have the file)."""
+def log_image(loggers: Sequence[Logger], key: str, path: Path) -> None:
+    """A PNG as a W&B image under ``key`` (other loggers have the file)."""
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             import wandb
 
-            logger.experiment.log({"probe/trajectories": wandb.Image(str(path))})
+            logger.experiment.log({key: wandb.Image(str(path))})

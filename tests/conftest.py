@@ -38,8 +38,12 @@ TINY_RUN = [
 TINY_MODEL: dict[str, list[str]] = {
     "chronos": ["model.num_samples=4"],
     "chronos_bolt": [],
+    "chronos2": [],
     "patchtst": [],
+    "moirai": [],
     "lag_llama": [],
+    "timesfm": [],
+    "llm": [],
 }
 
 

@@ -142,6 +142,18 @@ def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:
     return str(export_dir)
 
 
+#: what a run leaves in its output directory, listed at its end when present
+OUTPUTS = (
+    "probe_metrics.csv",
+    "probe_trajectories.png",
+    "rank_metrics.csv",
+    "rank_trajectories.png",
+    "flow_of_ranks",
+    "checkpoints",
+    "summary.json",
+)
+
+
 @rank_zero_only
 def _report(trainer: L.Trainer, output_dir: Path, results: dict[str, Any]) -> None:
     records = results.get("probe_records", [])
@@ -151,7 +163,7 @@ def _report(trainer: L.Trainer, output_dir: Path, results: dict[str, Any]) -> No
     table = format_summary(records, results.get("before"), results.get("after"))
     print(f"\nisoprobe {results['task']} finished; weights: {results['resolved_checkpoint']}")
     print(f"outputs: {output_dir.resolve()}")
-    for name in ("probe_metrics.csv", "probe_trajectories.png", "checkpoints", "summary.json"):
+    for name in OUTPUTS:
         if (output_dir / name).exists():
             print(f"  {output_dir / name}")
     if "export_dir" in results:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-SUMMARY_METRICS = ("cos_inter", "cos_cluster_excess", "eff_dim", "isoscore", "partition_ratio")
+SUMMARY_METRICS = (
+    "cos_inter",
+    "cos_cluster_excess",
+    "eff_dim",
+    "isoscore",
+    "partition_ratio",
+    "rank_eps0.01",
+)
 FORECAST_METRICS = ("nmse", "mase", "wql")
 
 

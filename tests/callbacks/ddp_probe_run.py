@@ -1,9 +1,10 @@
-"""Fit the toy forecaster with the IsotropyProbe under DDP on CPU (gloo) for the DDP test.
+"""Fit the toy forecaster with the isotropy and rank probes under DDP on CPU (gloo) for the
+DDP test.
 
 usage: python ddp_probe_run.py OUT_DIR DEVICES
 
-Writes OUT_DIR/probe_metrics.csv and the model's weights before (init.pt) and after
-(final.pt) training. Lightning re-runs this script for every other rank.
+Writes OUT_DIR/probe_metrics.csv, OUT_DIR/rank_metrics.csv and the model's weights before
+(init.pt) and after (final.pt) training. Lightning re-runs this script for every other rank.
 """
 
 from __future__ import annotations
@@ -16,10 +17,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from isoprobe.callbacks import IsotropyProbe  # noqa: E402
+from isoprobe.callbacks import IsotropyProbe, RankProbe  # noqa: E402
 from probe_toy import ToyData, ToyForecaster  # noqa: E402
 
-PROBE = dict(num_windows=8, batch_size=3, max_tokens=60, metrics={"k_max": 4}, seed=3)
+PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
+PROBE = dict(PROBE_SET, metrics={"k_max": 4})
+
+
+def probes(out_dir: Path) -> list:
+    """Both probes, sharing one collection pass."""
+    return [
+        IsotropyProbe(output_dir=str(out_dir), **PROBE),
+        RankProbe(output_dir=str(out_dir), **PROBE_SET),
+    ]
 
 
 def main(out_dir: Path, devices: int) -> None:
@@ -27,13 +37,12 @@ def main(out_dir: Path, devices: int) -> None:
     L.seed_everything(0)
     model = ToyForecaster()
     init = {k: v.clone() for k, v in model.state_dict().items()}
-    probe = IsotropyProbe(output_dir=str(out_dir), **PROBE)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=1,
-        callbacks=[probe],
+        callbacks=probes(out_dir),
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

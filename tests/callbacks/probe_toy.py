@@ -89,6 +89,14 @@ class ToyForecaster(L.LightningModule):
         blocks = torch.cat([observed, torch.zeros_like(observed[:, :1])], dim=1)
         return {name: observed if name == "embed" else blocks for name in layers}
 
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Each block's Q, K, V (views of the fused in-projection) and O weights."""
+        weights = {}
+        for i, block in enumerate(self.blocks):
+            q, k, v = block.self_attn.in_proj_weight.chunk(3, dim=0)
+            weights[f"encoder.{i}"] = {"q": q, "k": k, "v": v, "o": block.self_attn.out_proj.weight}
+        return weights
+
     def probe_forward(self, batch: Mapping[str, Tensor]) -> None:
         self.probe_calls.append(self._trainer is not None and self.trainer.sanity_checking)
         self.loss(batch)

@@ -1,4 +1,5 @@
-"""What IsotropyProbe logs to an offline W&B run, read back with ``wandb leet inspect``."""
+"""What the isotropy and rank probes log to an offline W&B run, read back with
+``wandb leet inspect``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import lightning as L
 import pandas as pd
 import pytest
-from isoprobe.callbacks import IsotropyProbe
+from isoprobe.callbacks import IsotropyProbe, RankProbe
 from lightning.pytorch.loggers import WandbLogger
 from probe_toy import ToyData, ToyForecaster
 
@@ -36,10 +37,11 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
         output_dir=str(tmp_path / "out"),
         pca_layers=["encoder.1"],
     )
+    rank = RankProbe(num_windows=8, batch_size=3, max_tokens=60, output_dir=str(tmp_path / "out"))
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
-        callbacks=[probe],
+        callbacks=[probe, rank],
         logger=logger,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -76,3 +78,16 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
         assert len(points) == value["n_tokens"] == 60
         assert len({tuple(p[3:6]) for p in points}) == value["n_clusters"]
     assert any("probe/trajectories._type" in h for h in history)
+
+    # the rank probe: its own axis, ranks as in its CSV, the projections' singular values as
+    # histograms and the flow-of-ranks picture every probe
+    assert ("rank/*", "rank/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
+    ranked = [h for h in history if "rank/rank_eps0.01/embed" in h]
+    assert [h["rank/epoch"] for h in ranked] == [0, 1]
+    ranks = pd.read_csv(tmp_path / "out" / "rank_metrics.csv")
+    for row in ranks.itertuples():
+        (logged,) = [h for h in ranked if h["rank/epoch"] == row.epoch]
+        assert float(logged[f"rank/{row.metric}/{row.layer}"]) == row.value
+    for h in ranked:
+        assert h["rank/spectrum/encoder.0.q._type"] == "histogram"
+        assert h["rank/flow_of_ranks._type"] == "image-file"

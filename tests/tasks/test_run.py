@@ -54,8 +54,10 @@ def test_probe_task_measures_the_loaded_model_once_without_training(tiny_config,
 
 def test_without_a_logger_the_run_directory_still_holds_the_records(tiny_config, tmp_path):
     results = run_task(tiny_config("task=probe", "model.checkpoint=scratch", "logger=none"))
-    records = probe_csv(tmp_path)
-    assert len(records) == len(results["probe_records"]) > 0
+    # both default probes, each in its own file, every record also in the results
+    for probe, csv_name in (("isotropy", "probe_metrics.csv"), ("rank", "rank_metrics.csv")):
+        records = [r for r in results["probe_records"] if r["probe"] == probe]
+        assert len(pd.read_csv(tmp_path / csv_name)) == len(records) > 0
     assert not (tmp_path / "csv").exists() and not (tmp_path / "wandb").exists()
 
 
@@ -212,11 +214,14 @@ def test_probe_runs_on_your_own_csv(tmp_path):
 
 
 def test_a_probe_set_to_null_is_switched_off(tiny_config, tmp_path):
-    results = run_task(
-        tiny_config("callbacks.isotropy=null", "task=probe", "model.checkpoint=scratch")
-    )
-    assert results["probe_records"] == [] and "test/nmse" in results["before"]
+    base = ("task=probe", "model.checkpoint=scratch")
+    results = run_task(tiny_config(*base, "callbacks.isotropy=null"))
+    assert {r["probe"] for r in results["probe_records"]} == {"rank"}
     assert not (tmp_path / "probe_metrics.csv").exists()
+    (tmp_path / "rank_metrics.csv").unlink()
+    results = run_task(tiny_config(*base, "callbacks.isotropy=null", "callbacks.rank=null"))
+    assert results["probe_records"] == [] and "test/nmse" in results["before"]
+    assert not (tmp_path / "rank_metrics.csv").exists()
 
 
 @pytest.mark.parametrize(

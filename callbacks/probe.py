@@ -1,0 +1,469 @@
+"""The probe framework: what every probe callback shares.
+
+A probe is a set of measures on what was collected from the model at the end of a training
+epoch. :class:`Probe` owns everything else, once for all probes:
+
+- the schedule: epoch 0 (the model as loaded) before the first training step, then after every
+  ``every_n_epochs``-th epoch (after that epoch's validation); a validation-only run
+  (``trainer.validate``) once, labelled with the epoch its weights were saved after; never in
+  the sanity check or under ``fast_dev_run``;
+- the probe set of validation windows, fixed for the run (kept in the checkpoint);
+- the collection pass: the real tokens of every probed layer (:mod:`isoprobe.callbacks.collect`),
+  run ONCE per probe time for all probes in the Trainer that read the same windows, site and
+  tokens (the union of their layers in one forward pass), then freed;
+- records (``probe, epoch, global_step, layer, metric, value, note``), their CSV file, the
+  end-of-fit trajectory plot, and publishing to every logger under the probe's ``log_prefix``
+  (W&B: plotted against ``<prefix>/epoch``, a table per epoch, media the probe adds);
+- checkpoint state under a unique ``state_key`` (the probe's ``name``).
+
+A subclass implements :meth:`Probe.measure` (and, for pictures, :meth:`Probe.save_artefacts`
+and :meth:`Probe.wandb_media`).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from isoprobe.callbacks.collect import (
+    WINDOW_SELECTIONS,
+    ProbePlan,
+    gather_subsampled_tokens,
+    probe_window_indices,
+    run_probe_forward,
+)
+from isoprobe.callbacks.plots import save_trajectories
+from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
+from isoprobe.callbacks.records import keep_foreign_file, make_record, write_records
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+from typing_extensions import override
+
+from isoprobe.models.base import check_probe_site
+
+TOKEN_CHOICES = ("real", "all")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured value: ``metric`` of ``layer`` (``note`` says why when it failed)."""
+
+    layer: str
+    metric: str
+    value: float
+    note: str = ""
+
+
+@dataclass
+class Measurement:
+    """What :meth:`Probe.measure` returns: the rows, and whatever the probe draws from."""
+
+    rows: list[Row]
+    artefacts: Any = None
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """What a collection pass depends on besides the layers: probes with equal requests share
+    one pass. Each layer's tokens depend on the request only, not on which other layers are
+    collected with it."""
+
+    site: str
+    tokens: str
+    windows: tuple[int, ...]
+    batch_size: int
+    max_tokens: int
+    seed: int
+
+
+@dataclass
+class _SharedPass:
+    key: tuple[Any, ...]
+    tokens: dict[str, Tensor]
+    waiting: set[str] = field(default_factory=set)
+
+
+#: per Trainer, the latest collection pass while some probe that shares it has not read it
+_SHARED: WeakKeyDictionary[Trainer, _SharedPass] = WeakKeyDictionary()
+
+
+class Probe(Callback, ABC):
+    """Base of every probe callback (see the module docstring).
+
+    Args:
+        name: the probe's name: its records' ``probe`` field and its checkpoint state key.
+        every_n_epochs: probe after every n-th training epoch (epoch 0 is always probed).
+        num_windows: size of the fixed probe set of validation windows.
+        window_selection: ``first`` windows of ``datamodule.val_dataset`` | ``random`` (seeded).
+        max_tokens: tokens per layer, subsampled with a fixed seed.
+        layers: layer names to probe; None = every layer of the model's ``probe_layers(site)``.
+        batch_size: probe windows per forward pass.
+        seed: seed of the random window choice and the token subsample.
+        output_dir: where the CSV and PNGs go; None = ``trainer.log_dir``.
+        site: ``block`` (every block's output) | ``attention`` (every self-attention
+            sub-layer's output before the residual add).
+        tokens: ``real`` (the model's ``token_masks``) | ``all`` (every position).
+        csv_name: the file its records go to in ``output_dir``.
+        trajectory_png: the end-of-fit plot of every metric against epoch, in ``output_dir``.
+        log_prefix: logged keys are ``<log_prefix>/<metric>/<layer>``.
+        log_tables: also log a W&B table of each probe's rows.
+    """
+
+    #: whether :meth:`measure` reads collected tokens (weights-only probes set False)
+    reads_tokens = True
+
+    def __init__(
+        self,
+        name: str,
+        csv_name: str,
+        trajectory_png: str,
+        log_prefix: str,
+        every_n_epochs: int = 1,
+        num_windows: int = 32,
+        window_selection: str = "first",
+        max_tokens: int = 2000,
+        layers: list[str] | None = None,
+        batch_size: int = 16,
+        seed: int = 0,
+        output_dir: str | None = None,
+        site: str = "block",
+        tokens: str = "real",
+        log_tables: bool = True,
+    ) -> None:
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if num_windows < 1:
+            raise ValueError(f"num_windows must be >= 1, got {num_windows}")
+        if max_tokens < 2:
+            raise ValueError(f"max_tokens must be >= 2 (metrics need two tokens), got {max_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if layers is not None and len(layers) == 0:
+            raise ValueError(
+                "layers=[] probes nothing; give layer names, null for every layer, or leave "
+                "the probe out of the callbacks"
+            )
+        check_probe_site(site)
+        if tokens not in TOKEN_CHOICES:
+            raise ValueError(f"tokens must be one of {TOKEN_CHOICES}, got {tokens!r}")
+        if window_selection not in WINDOW_SELECTIONS:
+            raise ValueError(
+                f"window_selection must be one of {WINDOW_SELECTIONS}, got {window_selection!r}"
+            )
+        self.name = name
+        self.csv_name = csv_name
+        self.trajectory_png = trajectory_png
+        self.log_prefix = log_prefix
+        self.every_n_epochs = int(every_n_epochs)
+        self.num_windows = int(num_windows)
+        self.window_selection = window_selection
+        self.max_tokens = int(max_tokens)
+        self.layers = list(layers) if layers is not None else None
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.output_dir = output_dir
+        self.site = site
+        self.tokens = tokens
+        self.log_tables = bool(log_tables)
+
+        self._records: list[dict[str, Any]] = []
+        self._probed_epochs: set[int] = set()
+        self._window_indices: list[int] | None = None
+        self._dir: Path | None = None
+        self._csv_checked = False
+        self._wandb_defined: set[int] = set()
+        self._saved_at: tuple[int, int] | None = None
+        self.seconds: dict[int, float] = {}
+
+    # ---------------------------------------------------------------- what a probe measures
+
+    @abstractmethod
+    def measure(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        tokens: dict[str, Tensor] | None,
+        epoch: int,
+    ) -> Measurement:
+        """The probe's rows from ``tokens`` (layer -> [N, D] collected rows, the same on every
+        rank; None if the probe does not read tokens) and/or the model's weights."""
+
+    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
+        """Write the probe's pictures of one epoch under ``directory`` (global rank zero)."""
+
+    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
+        """W&B media of one epoch, logged in the same history row as its values."""
+        return {}
+
+    # ---------------------------------------------------------------- public state
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # unique per probe name, so that several probes share one Trainer and one checkpoint
+        return self._generate_state_key(name=self.name)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every record so far, in probe order: dicts with keys ``probe``, ``epoch``,
+        ``global_step``, ``layer``, ``metric``, ``value`` (float, NaN where undefined) and
+        ``note`` (the reason for ``metric == "error"`` rows, else empty)."""
+        return [dict(r) for r in self._records]
+
+    @property
+    def probed_epochs(self) -> list[int]:
+        return sorted(self._probed_epochs)
+
+    @property
+    def window_indices(self) -> list[int] | None:
+        """Validation-set indices of the probe set (chosen at the first probe)."""
+        return None if self._window_indices is None else list(self._window_indices)
+
+    @property
+    def output_path(self) -> Path:
+        """Where the probe's files go (known after ``setup``)."""
+        if self._dir is None:
+            raise RuntimeError(f"{type(self).__name__}: the output directory is known after setup")
+        return self._dir
+
+    @property
+    def csv_path(self) -> Path:
+        return self.output_path / self.csv_name
+
+    # ---------------------------------------------------------------- Lightning hooks
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0, so every rank asks for it
+        root = self.output_dir if self.output_dir else trainer.log_dir or trainer.default_root_dir
+        self._dir = Path(root)
+        self._csv_checked = False
+        self.probed_layers(pl_module)  # an unknown layer name fails before training starts
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._records:
+            self._write_csv(trainer)  # a resumed run's file starts with the trajectory so far
+        if trainer.global_step == 0:
+            self._probe(trainer, pl_module, epoch=trainer.current_epoch)
+        elif not self._records:
+            rank_zero_info(
+                f"{type(self).__name__}: resuming from a checkpoint without probe records; the "
+                f"trajectory starts after epoch {trainer.current_epoch}"
+            )
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning runs the epoch-end validation before this hook, so this is the probe
+        # "at the end of validation" of the epoch, whatever val_check_interval says
+        epoch = trainer.current_epoch + 1
+        if not trainer.sanity_checking and epoch % self.every_n_epochs == 0:
+            self._probe(trainer, pl_module, epoch)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING and not trainer.sanity_checking:
+            epoch, step = self._saved_at or (trainer.current_epoch, trainer.global_step)
+            self._probe(trainer, pl_module, epoch, step)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # validate(ckpt_path=...) outside fit (task=probe on saved weights): those weights are
+        # probed and labelled with the epoch and step they were saved at, the labels the run
+        # that saved them gave its probe after that epoch
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._saved_at = None
+        else:
+            self._saved_at = (int(checkpoint["epoch"]) + 1, int(checkpoint["global_step"]))
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _SHARED.pop(trainer, None)
+        if trainer.is_global_zero and self._records:
+            path = self.output_path / self.trajectory_png
+            if save_trajectories(path, self._records):
+                log_image(trainer.loggers, f"{self.log_prefix}/trajectories", path)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "records": [dict(r) for r in self._records],
+            "probed_epochs": sorted(self._probed_epochs),
+            "window_indices": self._window_indices,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # saved weights probed outside fit keep the probe set of the run that saved them, not
+        # its trajectory: this run's records are its own
+        if self._saved_at is None:
+            self._records = [dict(r) for r in state_dict["records"]]
+            self._probed_epochs = set(
+                state_dict.get("probed_epochs", (int(r["epoch"]) for r in self._records))
+            )
+        self._window_indices = state_dict["window_indices"]
+        changed = {
+            key: (state_dict[key], getattr(self, key))
+            for key in ("seed", "max_tokens")
+            if state_dict[key] != getattr(self, key)
+        }
+        if changed:
+            rank_zero_warn(
+                f"{type(self).__name__}: the checkpoint's probe used {changed} (checkpoint, "
+                "config); keeping the checkpoint's probe set, token seed and token count so the "
+                "trajectory stays comparable"
+            )
+        self.seed = int(state_dict["seed"])
+        self.max_tokens = int(state_dict["max_tokens"])
+
+    # ---------------------------------------------------------------- the probe
+
+    def probed_layers(self, pl_module: LightningModule) -> dict[str, nn.Module]:
+        """Layer name -> module of the layers this probe reads (``layers``, or all)."""
+        if not hasattr(pl_module, "probe_layers"):
+            raise TypeError(
+                f"{type(self).__name__} needs a model with probe_layers(), probe_forward() and "
+                f"token_masks() (an isoprobe ForecastModule); {type(pl_module).__name__} has not"
+            )
+        available = pl_module.probe_layers(self.site)
+        if self.layers is None:
+            return dict(available)
+        unknown = [layer for layer in self.layers if layer not in available]
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: unknown layer(s) {unknown}; this model's layers are "
+                f"{list(available)}. Set callbacks.{self.name}.layers to some of them (or null)."
+            )
+        return {layer: available[layer] for layer in self.layers}
+
+    def token_request(self, trainer: Trainer) -> TokenRequest:
+        """This probe's collection request (choosing the probe set at the first call)."""
+        if self._window_indices is None:
+            self._window_indices = probe_window_indices(
+                len(_val_dataset(trainer)), self.num_windows, self.window_selection, self.seed
+            )
+        return TokenRequest(
+            self.site,
+            self.tokens,
+            tuple(self._window_indices),
+            self.batch_size,
+            self.max_tokens,
+            self.seed,
+        )
+
+    def _probe(
+        self, trainer: Trainer, pl_module: LightningModule, epoch: int, step: int | None = None
+    ) -> None:
+        if epoch in self._probed_epochs or trainer.fast_dev_run:
+            return
+        started = time.perf_counter()
+        step = trainer.global_step if step is None else step
+        tokens = self._collect(trainer, pl_module, (epoch, step)) if self.reads_tokens else None
+        measurement = self.measure(trainer, pl_module, tokens, epoch)
+        del tokens
+        records = [
+            make_record(epoch, step, r.layer, r.metric, r.value, r.note, probe=self.name)
+            for r in measurement.rows
+        ]
+        self._records += records
+        self._probed_epochs.add(epoch)
+        self.seconds[epoch] = time.perf_counter() - started
+        if trainer.is_global_zero:
+            self._publish(trainer, epoch, step, records, measurement)
+
+    def _collect(
+        self, trainer: Trainer, pl_module: LightningModule, when: tuple[int, int]
+    ) -> dict[str, Tensor]:
+        """This probe's layers' tokens, from the pass it shares with every probe of the Trainer
+        that makes the same request at the same time (run by whichever asks first)."""
+        request = self.token_request(trainer)
+        key = (request, trainer.state.fn, when)
+        shared = _SHARED.get(trainer)
+        if shared is None or shared.key != key:
+            peers = [
+                probe
+                for probe in trainer.callbacks
+                if isinstance(probe, Probe)
+                and probe.reads_tokens
+                and probe.token_request(trainer) == request
+            ]
+            layers: dict[str, nn.Module] = {}
+            for probe in peers:
+                layers.update(probe.probed_layers(pl_module))
+            shared = _SharedPass(key, _collect_tokens(trainer, pl_module, request, layers))
+            shared.waiting = {probe.name for probe in peers}
+            _SHARED[trainer] = shared
+        shared.waiting.discard(self.name)
+        mine = {layer: shared.tokens[layer] for layer in self.probed_layers(pl_module)}
+        if not shared.waiting:
+            del _SHARED[trainer]
+        return mine
+
+    def _write_csv(self, trainer: Trainer) -> None:
+        if not trainer.is_global_zero:
+            return
+        if not self._csv_checked:
+            keep_foreign_file(self.csv_path, self._records)
+            self._csv_checked = True
+        write_records(self.csv_path, self._records)
+
+    def _publish(
+        self,
+        trainer: Trainer,
+        epoch: int,
+        step: int,
+        records: list[dict[str, Any]],
+        measurement: Measurement,
+    ) -> None:
+        self._write_csv(trainer)
+        self.save_artefacts(self.output_path, epoch, measurement)
+        metrics = scalar_metrics(self.log_prefix, epoch, records, self.seconds[epoch])
+        media = None
+        if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+            media = self.wandb_media(epoch, measurement)
+            if self.log_tables:
+                media[f"{self.log_prefix}/table"] = records_table(epoch, records)
+        log_epoch(trainer.loggers, step, self.log_prefix, metrics, media, self._wandb_defined)
+
+
+def _val_dataset(trainer: Trainer) -> Dataset:
+    dataset = getattr(trainer.datamodule, "val_dataset", None)
+    if dataset is None:
+        raise RuntimeError(
+            "the probes need the validation windows as trainer.datamodule.val_dataset; pass a "
+            "LightningDataModule with a val_dataset to fit()/validate()"
+        )
+    return dataset
+
+
+def _collect_tokens(
+    trainer: Trainer,
+    pl_module: LightningModule,
+    request: TokenRequest,
+    layers: dict[str, nn.Module],
+) -> dict[str, Tensor]:
+    """Layer -> [N, D] subsampled tokens of the probe set: one forward pass per batch for all
+    ``layers``, identical on every rank (see :mod:`isoprobe.callbacks.collect`)."""
+    plan = ProbePlan.build(len(request.windows), request.batch_size, trainer.world_size)
+    local = run_probe_forward(
+        trainer,
+        pl_module,
+        _val_dataset(trainer),
+        request.windows,
+        plan,
+        layers,
+        request.tokens == "all",
+    )
+    return gather_subsampled_tokens(trainer, plan, local, request.max_tokens, request.seed)

@@ -1,0 +1,161 @@
+"""RankProbe: the rank structure of every layer over training (the rank-structure paper).
+
+Two kinds of rows, for every ε in ``epsilons`` (the ε-rank, paper eq. 1: the number of singular
+values at least ε times the largest, :func:`isoprobe.metrics.epsilon_rank`):
+
+- ``rank_eps<ε>`` of every probed layer: the ε-rank of the matrix of its collected tokens
+  ([N, D], not centred). A block's output is the next block's input, so the ``embed`` row is the
+  first block's embedded input and ``encoder.<i>`` the input of block i + 1: the flow-of-ranks
+  of the representations (paper §4). The tokens come from the pass the probes share
+  (:mod:`isoprobe.callbacks.probe`): with the isotropy probe in the same Trainer, no second
+  forward pass.
+- ``rank_<p>_eps<ε>`` for each attention projection p in q, k, v, o of every block (the model's
+  ``attention_weights()``, fused projections split): the flow-of-ranks of the weights (paper
+  figures 5 and 6).
+
+Pictures (output directory and W&B): ``flow_of_ranks/epoch<e>.png`` (ε-rank against layer, one
+line per ε, a panel for the inputs and one per projection), ``spectra/epoch<e>.png`` (every
+probed layer's normalised singular values σ_i / σ_1, paper figure 2a); W&B also gets each
+projection's singular values as a histogram every probe (``rank/spectrum/<block>.<p>``, paper
+appendix G.2) and ``rank_trajectories.png`` at the end of fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from isoprobe.callbacks.plots import save_flow_of_ranks, save_spectra
+from isoprobe.callbacks.probe import Measurement, Probe, Row
+from lightning.pytorch import LightningModule, Trainer
+from torch import Tensor
+
+from isoprobe.metrics.rank import rank_from_singular_values, singular_values
+from isoprobe.models.base import ATTENTION_PROJECTIONS
+
+DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
+FLOW_DIR = "flow_of_ranks"
+SPECTRA_DIR = "spectra"
+
+
+def rank_metric(eps: float, projection: str | None = None) -> str:
+    """The metric name of an ε-rank: ``rank_eps0.01`` (tokens), ``rank_q_eps0.01`` (weights)."""
+    return f"rank_eps{eps:g}" if projection is None else f"rank_{projection}_eps{eps:g}"
+
+
+@dataclass
+class _Spectra:
+    """Singular values (float64, descending) of one probe: by layer and by block.projection."""
+
+    tokens: dict[str, Tensor]
+    weights: dict[str, dict[str, Tensor]]
+    epsilons: tuple[float, ...]
+
+
+class RankProbe(Probe):
+    """ε-ranks of every layer's representations and attention projections (module docstring).
+
+    Args:
+        epsilons: the relative thresholds ε of the ranks (the paper's 1e-3, 1e-2, 1e-1).
+        weights: also measure the attention projections (the model's ``attention_weights()``).
+        name, csv_name, trajectory_png, log_prefix: as :class:`Probe`, defaults ``rank``,
+            ``rank_metrics.csv``, ``rank_trajectories.png``, ``rank``.
+        **probe: the :class:`Probe` settings (schedule, probe set, tokens, site, output).
+    """
+
+    def __init__(
+        self,
+        epsilons: list[float] | tuple[float, ...] = DEFAULT_EPSILONS,
+        weights: bool = True,
+        name: str = "rank",
+        csv_name: str = "rank_metrics.csv",
+        trajectory_png: str = "rank_trajectories.png",
+        log_prefix: str = "rank",
+        **probe: Any,
+    ) -> None:
+        super().__init__(name, csv_name, trajectory_png, log_prefix, **probe)
+        bad = [eps for eps in epsilons if not 0 < float(eps) <= 1]
+        if not epsilons or bad:
+            raise ValueError(f"epsilons must be values in (0, 1], got {list(epsilons)}")
+        self.epsilons = tuple(sorted({float(eps) for eps in epsilons}))
+        self.weights = bool(weights)
+
+    def measure(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        tokens: dict[str, Tensor] | None,
+        epoch: int,
+    ) -> Measurement:
+        rows: list[Row] = []
+        token_spectra = {layer: singular_values(X) for layer, X in tokens.items()}
+        for layer, sigma in token_spectra.items():
+            rows.append(Row(layer, "n_tokens", float(tokens[layer].shape[0])))
+            rows += [
+                Row(layer, rank_metric(eps), float(rank_from_singular_values(sigma, eps)))
+                for eps in self.epsilons
+            ]
+        weight_spectra: dict[str, dict[str, Tensor]] = {}
+        if self.weights:
+            with torch.no_grad():
+                for block, projections in pl_module.attention_weights().items():
+                    weight_spectra[block] = {
+                        p: singular_values(projections[p].detach()) for p in ATTENTION_PROJECTIONS
+                    }
+            for block, spectra in weight_spectra.items():
+                rows += [
+                    Row(block, rank_metric(eps, p), float(rank_from_singular_values(sigma, eps)))
+                    for p, sigma in spectra.items()
+                    for eps in self.epsilons
+                ]
+        return Measurement(rows, _Spectra(token_spectra, weight_spectra, self.epsilons))
+
+    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
+        spectra: _Spectra = measurement.artefacts
+        save_flow_of_ranks(
+            directory / FLOW_DIR / f"epoch{epoch}.png",
+            _flow(spectra),
+            f"flow-of-ranks, epoch {epoch}",
+        )
+        save_spectra(
+            directory / SPECTRA_DIR / f"epoch{epoch}.png",
+            {layer: sigma.cpu().numpy() for layer, sigma in spectra.tokens.items()},
+            f"normalised singular values of the probed tokens, epoch {epoch}",
+        )
+
+    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
+        import wandb
+
+        spectra: _Spectra = measurement.artefacts
+        media: dict[str, Any] = {
+            f"{self.log_prefix}/spectrum/{block}.{p}": wandb.Histogram(sigma.cpu().numpy())
+            for block, by_projection in spectra.weights.items()
+            for p, sigma in by_projection.items()
+        }
+        for key, folder in (("flow_of_ranks", FLOW_DIR), ("spectra", SPECTRA_DIR)):
+            path = self.output_path / folder / f"epoch{epoch}.png"
+            if path.is_file():
+                media[f"{self.log_prefix}/{key}"] = wandb.Image(str(path))
+        return media
+
+
+def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:
+    """panel (``input`` or a projection) -> ε -> [(layer, ε-rank)] in the model's layer order."""
+    panels: dict[str, dict[float, list[tuple[str, int]]]] = {}
+    if spectra.tokens:
+        panels["input"] = {
+            eps: [(layer, rank_from_singular_values(s, eps)) for layer, s in spectra.tokens.items()]
+            for eps in spectra.epsilons
+        }
+    for p in ATTENTION_PROJECTIONS:
+        if spectra.weights:
+            panels[p] = {
+                eps: [
+                    (block, rank_from_singular_values(by_p[p], eps))
+                    for block, by_p in spectra.weights.items()
+                ]
+                for eps in spectra.epsilons
+            }
+    return panels
