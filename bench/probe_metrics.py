@@ -16,9 +16,7 @@ silhouette reaches 0.1 (both should pick one cluster) and k-means needs many ite
 Every timed call starts after a short pause (``SETTLE_S``), so that no call pays for the
 idle spinning of the threads of the library that ran before it.
 
-Then the probe's share of a fine-tuning epoch of the default run (``model=chronos data=energy``,
-logger off): the wall time of IsotropyProbe's end-of-epoch hook (forward pass, metrics, CSV,
-plots) over the wall time of the whole epoch (training, validation with forecasts, probe).
+The probes' share of a fine-tuning epoch is ``bench/probe_share.py``'s.
 
 Run: ``.venv/bin/python bench/probe_metrics.py`` (``--help`` for the options).
 """
@@ -28,16 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import tempfile
 import time
-from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
-from lightning.pytorch import Callback
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
@@ -47,9 +39,6 @@ from isoprobe.metrics.gram import feature_gram, gram_matrix, pairwise_distances_
 from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.silhouette import silhouette_scores
 from isoprobe.metrics.spectrum import covariance_eigenvalues_from_uncentred
-from isoprobe.tasks.runner import build_model
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 K_RANGE = range(2, 17)
 MIN_SILHOUETTE = 0.1
@@ -212,50 +201,6 @@ def print_table(rows: list[dict]) -> None:
         print(ours + ref)
 
 
-class EpochClock(Callback):
-    """Marks the time of every epoch start and of its ``on_train_epoch_end`` hook."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.starts.append(time.perf_counter())
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self.ends.append(time.perf_counter())
-
-
-def probe_share_of_epoch(epochs: int, overrides: list[str]) -> list[tuple[int, float, float]]:
-    """(epoch, probe seconds, epoch seconds) of the default fine-tuning run: clocks before and
-    after the probe in the callback list time its end-of-epoch hook inside the epoch."""
-    with tempfile.TemporaryDirectory() as out:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            cfg = compose(
-                "config",
-                overrides=[
-                    "model=chronos",
-                    "data=energy",
-                    f"trainer.max_epochs={epochs}",
-                    "trainer.enable_progress_bar=false",
-                    "+trainer.enable_checkpointing=false",
-                    f"paths.output_dir={out}",
-                    *overrides,
-                ],
-            )
-        L.seed_everything(cfg.seed)
-        datamodule = instantiate(cfg.data)
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        model = build_model(cfg.model, datamodule)
-        probe = instantiate(cfg.callbacks.isotropy)
-        before, after = EpochClock(), EpochClock()
-        trainer = instantiate(cfg.trainer, callbacks=[before, probe, after], logger=False)
-        trainer.fit(model, datamodule=datamodule)
-    clocks = zip(after.starts, before.ends, after.ends, strict=True)
-    return [(e + 1, end - mid, end - start) for e, (start, mid, end) in enumerate(clocks)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 8000])
@@ -274,10 +219,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="limit torch and sklearn")
     parser.add_argument(
         "--breakdown", action="store_true", help="also time each stage of the suite alone"
-    )
-    parser.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs timed (0 = skip)")
-    parser.add_argument(
-        "--override", nargs="*", default=[], help="Hydra overrides of the timed fine-tuning run"
     )
     args = parser.parse_args()
 
@@ -315,13 +256,6 @@ def main() -> None:
     )
     if args.breakdown:
         print_breakdown(rows)
-    if args.epochs:
-        print("\nprobe share of a fine-tuning epoch (model=chronos data=energy, logger off)")
-        for epoch, probe_s, epoch_s in probe_share_of_epoch(args.epochs, args.override):
-            print(
-                f"epoch {epoch}: probe {probe_s:.1f} s of {epoch_s:.1f} s = "
-                f"{100 * probe_s / epoch_s:.1f}%"
-            )
 
 
 if __name__ == "__main__":
