@@ -1,0 +1,197 @@
+"""Fine-tuning throughput of isoprobe against the reference trainer, side by side in one run.
+
+Chronos-T5: the reference is a ``transformers.Trainer`` set up as chronos-forecasting's
+training script sets it up (the series tokenised by the Chronos tokenizer in the data set, so in
+the data loader; AdamW, constant learning rate, fp32, no evaluation); isoprobe is
+``ChronosT5Module`` in a Lightning ``Trainer`` (the default run's loop: tokenised in the step).
+Same model shape (T5 d_model 256, 4 + 4 layers, 4096 tokens, from the same random init), same
+KernelSynth windows (context 512, horizon 64, batch 32), same optimiser. Each trainer runs
+``--warmup`` steps, then ``--steps`` timed steps; samples/s = timed steps x batch / wall time
+from the end of the warm-up to the end of the last step (data loading included). The two
+alternate for ``--rounds`` rounds and the best of each is reported, so that a burst of other
+load on the machine does not decide the ratio.
+
+Run: ``.venv/bin/python bench/train_throughput.py [--steps 8 --warmup 2 --rounds 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from lightning.pytorch import Callback
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from isoprobe.tasks.runner import build_model
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+SHAPE = [
+    "model.checkpoint=scratch",
+    "model.scratch_t5.d_model=256",
+    "model.scratch_t5.d_kv=64",
+    "model.scratch_t5.d_ff=1024",
+    "model.scratch_t5.num_layers=4",
+    "model.scratch_t5.num_decoder_layers=4",
+    "model.scratch_t5.vocab_size=4096",
+    "model.scratch_chronos.n_tokens=4096",
+    "model.scratch_chronos.context_length=512",
+    "model.scratch_chronos.prediction_length=64",
+]
+DATA = [
+    "data=kernelsynth/mixed",
+    "data.context_length=512",
+    "data.prediction_length=64",
+    "data.batch_size=32",
+    "data.dataset_kwargs.num_series=100",
+]
+LR = 1e-3
+
+
+class StepClock:
+    """Wall-clock time at the end of every optimiser step."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def samples_per_second(self, warmup: int, batch: int) -> float:
+        timed = self.ends[warmup:]
+        return (len(timed) - 1) * batch / (timed[-1] - timed[0])
+
+
+class LightningClock(Callback, StepClock):
+    def __init__(self) -> None:
+        StepClock.__init__(self)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.ends.append(time.perf_counter())
+
+
+class HFClock(TrainerCallback, StepClock):
+    def __init__(self) -> None:
+        StepClock.__init__(self)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ends.append(time.perf_counter())
+
+
+class TokenisedWindows(Dataset):
+    """The data module's windows, tokenised per item by the Chronos tokenizer (as
+    chronos-forecasting's training data set does), in the fields T5 takes."""
+
+    def __init__(self, windows: Dataset, tokenizer) -> None:
+        self.windows, self.tokenizer = windows, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        item = self.windows[index]
+        ids, mask, scale = self.tokenizer.context_input_transform(item["context"][None])
+        labels, label_mask = self.tokenizer.label_input_transform(item["target"][None], scale)
+        labels[~label_mask] = -100
+        return {"input_ids": ids[0], "attention_mask": mask[0], "labels": labels[0]}
+
+
+def build(out: str):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                "model=chronos",
+                *SHAPE,
+                *DATA,
+                f"model.optimizer.lr={LR}",
+                "model.optimizer.weight_decay=0.0",
+                f"paths.output_dir={out}",
+            ],
+        )
+    L.seed_everything(cfg.seed)
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return cfg, datamodule
+
+
+def isoprobe_throughput(cfg, datamodule, state: dict, steps: int, warmup: int) -> float:
+    model = build_model(cfg.model, datamodule)
+    model.t5.load_state_dict(state)
+    clock = LightningClock()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=steps + warmup,
+        callbacks=[clock],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, train_dataloaders=datamodule.train_dataloader())
+    return clock.samples_per_second(warmup, datamodule.batch_size)
+
+
+def reference_throughput(cfg, datamodule, state: dict, steps: int, warmup: int, out: str):
+    model = build_model(cfg.model, datamodule)
+    model.t5.load_state_dict(state)
+    clock = HFClock()
+    args = TrainingArguments(
+        output_dir=out,
+        per_device_train_batch_size=datamodule.batch_size,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_steps=steps + warmup,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    data = TokenisedWindows(datamodule.train_dataset, model.tokenizer)
+    Trainer(model=model.t5.train(), args=args, train_dataset=data, callbacks=[clock]).train()
+    return clock.samples_per_second(warmup, datamodule.batch_size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per trainer")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    args = parser.parse_args()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+        f"{os.getloadavg()[0]:.2f}"
+    )
+    with tempfile.TemporaryDirectory() as out:
+        cfg, datamodule = build(out)
+        init = {k: v.clone() for k, v in build_model(cfg.model, datamodule).t5.state_dict().items()}
+        ref_runs, our_runs = [], []
+        for _ in range(args.rounds):
+            ref_runs.append(
+                reference_throughput(cfg, datamodule, init, args.steps, args.warmup, out)
+            )
+            our_runs.append(isoprobe_throughput(cfg, datamodule, init, args.steps, args.warmup))
+        ref, ours = max(ref_runs), max(our_runs)
+    print("Chronos-T5 (d_model 256, 4+4 layers, 4096 tokens, context 512, horizon 64, batch 32)")
+    print(f"  transformers.Trainer (chronos training set-up): {ref:8.2f} samples/s")
+    print(f"  isoprobe (Lightning, ChronosT5Module):         {ours:8.2f} samples/s")
+    print(
+        f"  ratio isoprobe / reference: {ours / ref:.2f}x (target >= 1.0x); best of "
+        f"{args.rounds} alternating rounds, each: reference {ref_runs}, isoprobe {our_runs}; load "
+        f"average {os.getloadavg()[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
