@@ -145,3 +145,22 @@ def save_spectra(path: Path, spectra: Mapping[str, np.ndarray], title: str) -> N
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def save_compression_tradeoff(path: Path, rows: Sequence[Mapping[str, float]]) -> None:
+    """The compression trade-off: WQL, MASE and inference time relative to the original
+    against the attention weights kept, one point per ε (labelled)."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    sizes = [r["attention_size_ratio"] for r in rows]
+    for key, label in (("wql_ratio", "WQL"), ("mase_ratio", "MASE"), ("time_ratio", "time")):
+        ax.plot(sizes, [r[key] for r in rows], marker="o", label=label)
+    for r in rows:
+        ax.annotate(f"ε={r['epsilon']:g}", (r["attention_size_ratio"], r["wql_ratio"]), fontsize=7)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("attention weights kept (compressed / original)", fontsize=8)
+    ax.set_ylabel("compressed / original", fontsize=8)
+    ax.legend(fontsize=7, frameon=False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
+from isoprobe.models.compression import apply_saved_compression
+from isoprobe.tasks.compress import run_compress
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
 from isoprobe.tasks.memory import check_memory_fits
 from isoprobe.tasks.resume import (
@@ -29,14 +31,15 @@ from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
 
-TASKS = ("finetune", "probe", "pretrain")
+TASKS = ("finetune", "probe", "pretrain", "compress")
 
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
-    """The model config with the data module's window lengths, season and frequency."""
+    """The model config with the data module's window lengths, season and frequency; a
+    checkpoint directory that ``task=compress`` wrote gets its factored projections back."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     kwargs.pop("name", None)
-    return instantiate(
+    model = instantiate(
         kwargs,
         context_length=datamodule.context_length,
         prediction_length=datamodule.prediction_length,
@@ -44,6 +47,9 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
         freq=datamodule.freq,
         _convert_="all",
     )
+    if model.resolved_checkpoint.kind == "path":
+        apply_saved_compression(model, model.resolved_checkpoint.location)
+    return model
 
 
 def _single_log_stream() -> None:
@@ -103,6 +109,8 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     results: dict[str, Any] = {"task": task}
     training = task in ("finetune", "pretrain")
     check_memory_fits(model, datamodule, trainer, training)
+    if task == "compress":
+        return {**results, **run_compress(cfg, trainer, model, datamodule)}
     if task == "probe":
         # the saved weights (ckpt_path) are probed and forecast, not the model config's
         trainer.validate(
@@ -149,6 +157,8 @@ OUTPUTS = (
     "rank_metrics.csv",
     "rank_trajectories.png",
     "flow_of_ranks",
+    "compression.md",
+    "compressed",
     "checkpoints",
     "summary.json",
 )

@@ -1,0 +1,232 @@
+"""Attention compression by truncated SVD (the rank-structure paper, section 5 and table 2).
+
+Each self-attention projection ``y = x W^T + b`` (``W`` [out, in]) whose ε-rank r is small
+enough to pay is replaced by two thin layers: with ``W = U Σ V^T`` and the r singular values
+``σ_i >= ε σ_1`` kept, ``down = Σ_r^{1/2} V_r^T`` [r, in] and ``up = U_r Σ_r^{1/2}`` [out, r], so
+``y = (x down^T) up^T + b``: r (in + out) weights instead of in x out, and as many
+multiply-adds. The error of the layer is bounded by the first dropped singular value:
+``||x (W - W_r)^T|| <= σ_{r+1} ||x||`` per row.
+
+The projections are found through the model contract: ``attention_weights()`` names each one's
+weight, and the ``nn.Linear`` that owns that very tensor is the module replaced. A projection
+whose weight is a view of a fused matrix (GPT-2's ``c_attn``, a fused QKV) has no module of its
+own and is left as it is (reported as ``fused``).
+
+A compressed model is saved as the model's own export with the projections' rank-r products
+``up @ down`` in place of ``W`` (so the official loaders read it as the same architecture), plus
+``compression.safetensors`` (the exact factors) and ``compression.json`` (which modules, which
+rank); :func:`apply_saved_compression` puts the same factors back after loading, so the
+reloaded model forecasts identically.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from isoprobe.metrics.rank import rank_from_singular_values
+
+COMPRESSION_JSON = "compression.json"
+COMPRESSION_WEIGHTS = "compression.safetensors"
+
+
+class FactoredLinear(nn.Module):
+    """``up(down(x))``: a rank-``rank`` linear layer [in -> rank -> out] (bias on ``up``)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.down = nn.Linear(in_features, rank, bias=False)
+        self.up = nn.Linear(rank, out_features, bias=bias)
+
+    @property
+    def weight(self) -> Tensor:
+        """The [out, in] matrix the layer applies (for readers such as the rank probe)."""
+        return self.up.weight @ self.down.weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        return self.up.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.up(self.down(x))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+
+
+def factorise(linear: nn.Linear, eps: float) -> tuple[nn.Module, int]:
+    """The truncated SVD of ``linear`` at relative threshold ``eps`` as a :class:`FactoredLinear`,
+    and its rank; ``linear`` itself when the factors would not be smaller."""
+    weight = linear.weight.detach()
+    U, S, Vh = torch.linalg.svd(weight.double(), full_matrices=False)
+    rank = max(1, rank_from_singular_values(S, eps))
+    out_features, in_features = weight.shape
+    if rank * (in_features + out_features) >= in_features * out_features:
+        return linear, rank
+    root = S[:rank].sqrt()
+    factored = FactoredLinear(in_features, out_features, rank, linear.bias is not None)
+    factored.to(device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        factored.down.weight.copy_((root[:, None] * Vh[:rank]).to(weight.dtype))
+        factored.up.weight.copy_((U[:, :rank] * root).to(weight.dtype))
+        if linear.bias is not None:
+            factored.up.bias.copy_(linear.bias)
+    return factored, rank
+
+
+@dataclass(frozen=True)
+class ProjectionReport:
+    """One projection: its module path, shape, kept rank and status (``factored``, ``kept``:
+    the factors would not be smaller, or ``fused``: no module of its own)."""
+
+    block: str
+    projection: str
+    module: str
+    out_features: int
+    in_features: int
+    rank: int
+    status: str
+
+
+def _owners(model: nn.Module) -> dict[int, tuple[str, nn.Linear]]:
+    return {
+        id(module.weight): (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+    }
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, attr = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    setattr(parent, attr, module)
+
+
+def compress_attention(model: nn.Module, eps: float | dict[str, float]) -> list[ProjectionReport]:
+    """Replace every attention projection of ``model`` (a ForecastModule) by its truncated SVD,
+    in place. ``eps`` is one threshold, or block name -> threshold (a block left out keeps its
+    projections)."""
+    owners = _owners(model)
+    reports = []
+    for block, projections in model.attention_weights().items():
+        block_eps = eps.get(block) if isinstance(eps, dict) else eps
+        for part, weight in projections.items():
+            owner = owners.get(id(weight))
+            out_features, in_features = weight.shape
+            if owner is None or block_eps is None:
+                status = "fused" if owner is None else "kept"
+                reports.append(
+                    ProjectionReport(
+                        block, part, "", out_features, in_features, min(weight.shape), status
+                    )
+                )
+                continue
+            path, linear = owner
+            replacement, rank = factorise(linear, block_eps)
+            factored = replacement is not linear
+            if factored:
+                _set_module(model, path, replacement)
+            status = "factored" if factored else "kept"
+            reports.append(
+                ProjectionReport(block, part, path, out_features, in_features, rank, status)
+            )
+    return reports
+
+
+def attention_sizes(reports: list[ProjectionReport]) -> tuple[int, int]:
+    """(weights of the projections before, after): ``out x in`` each, ``rank (in + out)`` for a
+    factored one."""
+    before = sum(r.out_features * r.in_features for r in reports)
+    after = sum(
+        r.rank * (r.in_features + r.out_features)
+        if r.status == "factored"
+        else r.out_features * r.in_features
+        for r in reports
+    )
+    return before, after
+
+
+def export_compressed(
+    model: nn.Module, reports: list[ProjectionReport], directory: str, dtype: str = "float32"
+) -> None:
+    """The model's own ``export`` with every factored projection written as its dense rank-r
+    product, then the exact factors and the report (see the module docstring)."""
+    factored = {r.module: model.get_submodule(r.module) for r in reports if r.status == "factored"}
+    for path, module in factored.items():
+        dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        with torch.no_grad():
+            dense.weight.copy_(module.weight)
+            if module.bias is not None:
+                dense.bias.copy_(module.bias)
+        _set_module(model, path, dense.to(module.up.weight.device))
+    try:
+        model.export(directory, dtype)
+    finally:
+        for path, module in factored.items():
+            _set_module(model, path, module)
+    save_compression(model, reports, directory)
+
+
+def save_compression(model: nn.Module, reports: list[ProjectionReport], directory: str) -> None:
+    """Write the exact factors and the report beside the model's export in ``directory``."""
+    factored = [r for r in reports if r.status == "factored"]
+    tensors = {}
+    for r in factored:
+        module = model.get_submodule(r.module)
+        tensors[f"{r.module}.down.weight"] = module.down.weight.detach().contiguous().cpu()
+        tensors[f"{r.module}.up.weight"] = module.up.weight.detach().contiguous().cpu()
+        if module.up.bias is not None:
+            tensors[f"{r.module}.up.bias"] = module.up.bias.detach().contiguous().cpu()
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / COMPRESSION_WEIGHTS))
+    (path / COMPRESSION_JSON).write_text(
+        json.dumps({"projections": [asdict(r) for r in reports]}, indent=2)
+    )
+
+
+def apply_saved_compression(model: nn.Module, directory: str) -> list[ProjectionReport] | None:
+    """Put back the factors :func:`save_compression` wrote in ``directory``; None when the
+    directory holds no compression. A factor that does not fit the model names the module."""
+    path = Path(directory)
+    if not (path / COMPRESSION_JSON).is_file():
+        return None
+    reports = [
+        ProjectionReport(**r)
+        for r in json.loads((path / COMPRESSION_JSON).read_text())["projections"]
+    ]
+    tensors = load_file(str(path / COMPRESSION_WEIGHTS))
+    for r in reports:
+        if r.status != "factored":
+            continue
+        try:
+            linear = model.get_submodule(r.module)
+        except AttributeError as err:
+            raise ValueError(
+                f"{path / COMPRESSION_JSON} names {r.module!r}, which this model does not have: "
+                "the compression was saved from another architecture"
+            ) from err
+        shape = tuple(linear.weight.shape) if isinstance(linear, nn.Linear) else None
+        if shape != (r.out_features, r.in_features):
+            raise ValueError(
+                f"{path / COMPRESSION_JSON}: the factors of {r.module!r} are for a "
+                f"[{r.out_features}, {r.in_features}] linear projection, but this model's is "
+                f"{type(linear).__name__} {list(shape or [])}: saved from another shape"
+            )
+        has_bias = f"{r.module}.up.bias" in tensors
+        factored = FactoredLinear(r.in_features, r.out_features, r.rank, has_bias)
+        factored.load_state_dict(
+            {
+                key.removeprefix(f"{r.module}."): value
+                for key, value in tensors.items()
+                if key.startswith(f"{r.module}.")
+            }
+        )
+        _set_module(model, r.module, factored.to(linear.weight.device, linear.weight.dtype))
+    return reports
