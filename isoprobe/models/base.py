@@ -150,6 +150,8 @@ class ForecastModule(L.LightningModule, ABC):
 
     #: where the weights came from: set by the wrapper from ``model.checkpoint``
     resolved_checkpoint: ResolvedCheckpoint
+    #: the attention projections factored by ``isoprobe.models.compression`` (None: dense)
+    compression: list | None = None
 
     @abstractmethod
     def training_memory_bytes(self, batch_size: int) -> int:

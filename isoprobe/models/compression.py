@@ -60,14 +60,19 @@ class FactoredLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
 
 
-def factorise(linear: nn.Linear, eps: float) -> tuple[nn.Module, int]:
-    """The truncated SVD of ``linear`` at relative threshold ``eps`` as a :class:`FactoredLinear`,
-    and its rank; ``linear`` itself when the factors would not be smaller."""
+def factorise(
+    linear: nn.Linear, eps: float | None, rank: int | None = None, always: bool = False
+) -> tuple[nn.Module, int]:
+    """The truncated SVD of ``linear`` at relative threshold ``eps`` (or at a fixed ``rank``) as a
+    :class:`FactoredLinear`, and its rank; ``linear`` itself when the factors would not be
+    smaller, unless ``always``."""
     weight = linear.weight.detach()
     U, S, Vh = torch.linalg.svd(weight.double(), full_matrices=False)
-    rank = max(1, rank_from_singular_values(S, eps))
+    if rank is None:
+        rank = max(1, rank_from_singular_values(S, eps))
+    rank = min(rank, len(S))
     out_features, in_features = weight.shape
-    if rank * (in_features + out_features) >= in_features * out_features:
+    if not always and rank * (in_features + out_features) >= in_features * out_features:
         return linear, rank
     root = S[:rank].sqrt()
     factored = FactoredLinear(in_features, out_features, rank, linear.bias is not None)
@@ -112,14 +117,23 @@ def compress_attention(model: nn.Module, eps: float | dict[str, float]) -> list[
     """Replace every attention projection of ``model`` (a ForecastModule) by its truncated SVD,
     in place. ``eps`` is one threshold, or block name -> threshold (a block left out keeps its
     projections)."""
+
+    def threshold(block: str) -> tuple[float | None, None]:
+        return (eps.get(block) if isinstance(eps, dict) else eps), None
+
+    return _replace_projections(model, threshold)
+
+
+def _replace_projections(model: nn.Module, setting, always: bool = False) -> list[ProjectionReport]:
+    """Factorise each projection at ``setting(block)`` = (eps, rank); (None, None) keeps it."""
     owners = _owners(model)
     reports = []
     for block, projections in model.attention_weights().items():
-        block_eps = eps.get(block) if isinstance(eps, dict) else eps
+        eps, rank = setting(block)
         for part, weight in projections.items():
             owner = owners.get(id(weight))
             out_features, in_features = weight.shape
-            if owner is None or block_eps is None:
+            if owner is None or (eps is None and rank is None):
                 status = "fused" if owner is None else "kept"
                 reports.append(
                     ProjectionReport(
@@ -128,15 +142,53 @@ def compress_attention(model: nn.Module, eps: float | dict[str, float]) -> list[
                 )
                 continue
             path, linear = owner
-            replacement, rank = factorise(linear, block_eps)
+            replacement, kept = factorise(linear, eps, rank, always)
             factored = replacement is not linear
             if factored:
                 _set_module(model, path, replacement)
             status = "factored" if factored else "kept"
             reports.append(
-                ProjectionReport(block, part, path, out_features, in_features, rank, status)
+                ProjectionReport(block, part, path, out_features, in_features, kept, status)
             )
+    model.compression = reports
     return reports
+
+
+def flow_of_ranks_schedule(num_layers: int, r_first: int, r_last: int, alpha: float) -> list[int]:
+    """Rank-structure paper appendix K: the rank of layer l = 1..D,
+    ``r_l = r_1 + (r_D - r_1) ((l - 1) / (D - 1))^alpha`` (rounded; ``r_1`` for one layer):
+    small in early layers, growing with depth as the representations' rank does."""
+    if num_layers < 1 or r_first < 1 or r_last < 1 or alpha < 0:
+        raise ValueError(
+            f"the schedule needs num_layers, r_first, r_last >= 1 and alpha >= 0; got "
+            f"{num_layers}, {r_first}, {r_last}, {alpha}"
+        )
+    if num_layers == 1:
+        return [r_first]
+    return [
+        round(r_first + (r_last - r_first) * (layer / (num_layers - 1)) ** alpha)
+        for layer in range(num_layers)
+    ]
+
+
+def low_rank_attention(
+    model: nn.Module, r_first: int = 16, r_last: int | None = None, alpha: float = 0.5
+) -> list[ProjectionReport]:
+    """Parameterise every attention projection of ``model`` as rank-r_l factors (the truncated
+    SVD of its current weights, e.g. a random init), in place, with :func:`flow_of_ranks_schedule`
+    over the blocks of each stack (``encoder``, ``decoder``: the name before the block index);
+    ``r_last`` None = half the projection's smaller side (the paper's d / 2). Every projection is
+    factored, even where the factors are no smaller than the matrix (r (in + out) >= in x out)."""
+    stacks: dict[str, list[str]] = {}
+    for block in model.attention_weights():
+        stacks.setdefault(block.rpartition(".")[0], []).append(block)
+    ranks: dict[str, int] = {}
+    for blocks in stacks.values():
+        first = next(iter(model.attention_weights()[blocks[0]].values()))
+        last = r_last if r_last is not None else max(1, min(first.shape) // 2)
+        schedule = flow_of_ranks_schedule(len(blocks), r_first, last, alpha)
+        ranks.update(zip(blocks, schedule, strict=True))
+    return _replace_projections(model, lambda block: (None, ranks[block]), always=True)
 
 
 def attention_sizes(reports: list[ProjectionReport]) -> tuple[int, int]:
@@ -229,4 +281,5 @@ def apply_saved_compression(model: nn.Module, directory: str) -> list[Projection
             }
         )
         _set_module(model, r.module, factored.to(linear.weight.device, linear.weight.dtype))
+    model.compression = reports
     return reports

@@ -17,7 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.base import ForecastModule
-from isoprobe.models.compression import apply_saved_compression
+from isoprobe.models.compression import (
+    apply_saved_compression,
+    export_compressed,
+    low_rank_attention,
+)
 from isoprobe.tasks.compress import run_compress
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
 from isoprobe.tasks.memory import check_memory_fits
@@ -36,9 +40,11 @@ TASKS = ("finetune", "probe", "pretrain", "compress")
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
     """The model config with the data module's window lengths, season and frequency; a
-    checkpoint directory that ``task=compress`` wrote gets its factored projections back."""
+    checkpoint directory that ``task=compress`` or a low-rank pretraining wrote gets its factored
+    projections back, and ``model.low_rank.enabled`` factors a model's attention by design."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     kwargs.pop("name", None)
+    low_rank = kwargs.pop("low_rank", None) or {}
     model = instantiate(
         kwargs,
         context_length=datamodule.context_length,
@@ -47,8 +53,11 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
         freq=datamodule.freq,
         _convert_="all",
     )
+    saved = None
     if model.resolved_checkpoint.kind == "path":
-        apply_saved_compression(model, model.resolved_checkpoint.location)
+        saved = apply_saved_compression(model, model.resolved_checkpoint.location)
+    if saved is None and low_rank.get("enabled"):
+        low_rank_attention(model, low_rank["r_first"], low_rank["r_last"], low_rank["alpha"])
     return model
 
 
@@ -137,7 +146,11 @@ def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:
     """Write the pretrained weights and how they were made (command, steps, losses)."""
     export_dir = Path(cfg.task.export_dir)
     if trainer.is_global_zero:
-        model.export(str(export_dir), cfg.task.get("export_dtype", "float32"))
+        dtype = cfg.task.get("export_dtype", "float32")
+        if model.compression:
+            export_compressed(model, model.compression, str(export_dir), dtype)
+        else:
+            model.export(str(export_dir), dtype)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         provenance = {
             "command": "python run.py " + " ".join(sys.argv[1:]),

@@ -18,6 +18,7 @@ from isoprobe.models.compression import (
     compress_attention,
     export_compressed,
     factorise,
+    flow_of_ranks_schedule,
 )
 from isoprobe.tasks import run_task
 from isoprobe.tasks.runner import build_model
@@ -148,3 +149,52 @@ def test_task_compress_writes_the_table_and_loadable_models(tiny_config, tmp_pat
     assert (tmp_path / "compression.png").stat().st_size > 0
     for eps in ("0.6", "0.8"):
         assert (tmp_path / "compressed" / f"eps{eps}" / COMPRESSION_JSON).is_file()
+
+
+@pytest.mark.parametrize(
+    "layers, r_first, r_last, alpha, expected",
+    [
+        (4, 4, 16, 0.5, [4, 11, 14, 16]),  # 4 + 12 sqrt(l / 3)
+        (4, 4, 16, 1.0, [4, 8, 12, 16]),
+        (3, 8, 32, 0.0, [32, 32, 32]),  # alpha = 0: the constant-rank contrast (table 3)
+        (1, 8, 32, 0.5, [8]),
+    ],
+)
+def test_the_flow_of_ranks_schedule(layers, r_first, r_last, alpha, expected):
+    assert flow_of_ranks_schedule(layers, r_first, r_last, alpha) == expected
+
+
+def test_low_rank_by_design_factors_each_stack_on_the_schedule_and_trains(tmp_path):
+    overrides = ["model.low_rank.enabled=true", "model.low_rank.r_first=4"]
+    cfg = compose_config(tmp_path, ["model=chronos", "model.checkpoint=scratch", *overrides])
+    windows = SimpleNamespace(context_length=32, prediction_length=8, season_length=1, freq="h")
+    model = build_model(cfg.model, windows)
+    # 4 encoder and 4 decoder blocks, d_model 128: ranks 4 -> 64 by stack, alpha 0.5
+    schedule = flow_of_ranks_schedule(4, 4, 64, 0.5)
+    for stack in ("encoder", "decoder"):
+        for i, rank in enumerate(schedule):
+            attention = model.t5.get_submodule(f"{stack}.block.{i}.layer.0.SelfAttention")
+            for part in ("q", "k", "v", "o"):
+                layer = getattr(attention, part)
+                assert isinstance(layer, FactoredLinear) and layer.rank == rank
+    loss = model.loss(make_batch())
+    loss.backward()
+    q = model.t5.encoder.block[0].layer[0].SelfAttention.q
+    assert q.down.weight.grad is not None and q.up.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_a_low_rank_pretraining_exports_a_model_that_reloads_identically(tiny_config, tmp_path):
+    results = run_task(
+        tiny_config(
+            "task=pretrain",
+            "model.checkpoint=scratch",
+            "model.low_rank.enabled=true",
+            "model.low_rank.r_first=4",
+        )
+    )
+    export = results["export_dir"]
+    assert (tmp_path / "export" / COMPRESSION_JSON).is_file()
+    reloaded = tiny_chronos(tmp_path, checkpoint=export)
+    ranks = sorted({r.rank for r in reloaded.compression})
+    assert ranks == sorted(set(flow_of_ranks_schedule(4, 4, 64, 0.5)))
