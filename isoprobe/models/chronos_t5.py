@@ -26,11 +26,16 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
+from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+#: model.input_embedding: learned (T5's) | chebyshev (fixed, of rank model.chebyshev_rank)
+INPUT_EMBEDDINGS = ("learned", "chebyshev")
+#: the T5 config field that records a fixed encoder input embedding ({"kind", "rank"})
+FIXED_EMBEDDING_KEY = "isoprobe_fixed_input_embedding"
 
 
 class ChronosT5Module(ForecastModule):
@@ -43,6 +48,10 @@ class ChronosT5Module(ForecastModule):
         scratch_t5: ``T5Config`` fields for ``checkpoint=scratch``.
         scratch_chronos: ``ChronosConfig`` fields for ``checkpoint=scratch``.
         num_samples / temperature / top_k / top_p: sampling settings of forecasts.
+        input_embedding: ``learned`` (T5's own) | ``chebyshev``: the encoder reads a fixed
+            Chebyshev embedding of rank ``chebyshev_rank`` (rank-structure paper appendix I)
+            instead of T5's, for pretraining from scratch; the decoder and the output head keep
+            T5's shared, trained embedding. A checkpoint saved so carries it along.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
 
@@ -57,11 +66,26 @@ class ChronosT5Module(ForecastModule):
         temperature: float = 1.0,
         top_k: int = 50,
         top_p: float = 1.0,
+        input_embedding: str = "learned",
+        chebyshev_rank: int = 8,
         **base: Any,
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
+        if input_embedding not in INPUT_EMBEDDINGS:
+            raise ValueError(
+                f"model.input_embedding must be one of {INPUT_EMBEDDINGS}, got {input_embedding!r}"
+            )
         t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
+        saved = getattr(t5.config, FIXED_EMBEDDING_KEY, None)
+        if input_embedding == "chebyshev" and saved is None:
+            if self.resolved_checkpoint.kind != "scratch":
+                raise ValueError(
+                    "model.input_embedding=chebyshev gives the encoder a fixed input embedding "
+                    "to pretrain with; use it with model.checkpoint=scratch (task=pretrain)"
+                )
+            saved = {"kind": "chebyshev", "rank": int(chebyshev_rank)}
+            setattr(t5.config, FIXED_EMBEDDING_KEY, saved)
         if self.context_length > chronos_config.context_length:
             log.warning(
                 "data.context_length=%d is longer than the %d steps this Chronos-T5 checkpoint "
@@ -81,8 +105,31 @@ class ChronosT5Module(ForecastModule):
             top_p=top_p,
         )
         self.tokenizer = self.chronos_config.create_tokenizer()
+        fixed = None if saved is None else self._chebyshev_embedding(saved["rank"])
+        self.register_buffer("fixed_embedding", fixed, persistent=False)
         self.embed_tap = nn.Identity()
         log.info("Chronos-T5 weights: %s", self.resolved_checkpoint.describe())
+
+    def _chebyshev_embedding(self, rank: int) -> Tensor:
+        """The encoder's fixed input embedding [n_tokens, d_model]: every token's bin centre
+        through the rank-``rank`` Chebyshev embedding, PAD and EOS on directions of their own
+        (:func:`isoprobe.models.chebyshev.chebyshev_embedding`; seeded, so the checkpoint
+        stores only its rank)."""
+        config = self.chronos_config
+        special = config.n_special_tokens
+        centers = self.tokenizer.centers
+        # token t >= n_special stands for centers[t - n_special - 1], clamped (output_transform)
+        index = (torch.arange(special, config.n_tokens) - special - 1).clamp(0, len(centers) - 1)
+        limit = float(config.tokenizer_kwargs.get("high_limit", centers.abs().max()))
+        return chebyshev_embedding(
+            centers[index], rank, self.t5.config.d_model, limit, seed=0, extra_rows=special
+        )
+
+    def _encoder_embeds(self, ids: Tensor) -> Tensor:
+        """The encoder's input embeddings: the fixed one when the model has it, else T5's."""
+        if self.fixed_embedding is not None:
+            return nn.functional.embedding(ids, self.fixed_embedding)
+        return self.t5.get_input_embeddings()(ids)
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """Write the model as a Hugging Face directory that ``checkpoint=<directory>`` loads.
@@ -135,15 +182,20 @@ class ChronosT5Module(ForecastModule):
     def loss(self, batch: Batch) -> Tensor:
         ids, mask, scale = self._tokenize_context(batch)
         labels, _ = self._tokenize_target(batch, scale)
-        embeds = self.embed_tap(self.t5.get_input_embeddings()(ids))
+        embeds = self.embed_tap(self._encoder_embeds(ids))
         return self.t5(inputs_embeds=embeds, attention_mask=mask, labels=labels).loss
 
     @torch.no_grad()
     def forecast(self, batch: Batch) -> Forecast:
         ids, mask, scale = self._tokenize_context(batch)
         horizon, num_samples = self.prediction_length, self.chronos_config.num_samples
+        encoder_input = (
+            {"input_ids": ids}
+            if self.fixed_embedding is None
+            else {"inputs_embeds": self._encoder_embeds(ids)}
+        )
         tokens = self.t5.generate(
-            input_ids=ids,
+            **encoder_input,
             attention_mask=mask,
             generation_config=GenerationConfig(
                 min_new_tokens=horizon,
