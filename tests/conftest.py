@@ -37,12 +37,23 @@ TINY_RUN = [
 #: per model (configs/model/<name>.yaml), the overrides that make it quick in tests
 TINY_MODEL: dict[str, list[str]] = {
     "chronos": ["model.num_samples=4"],
-    "chronos_bolt": [],
+    "chronos_bolt": [
+        "model.sizes.mini.d_model=32",
+        "model.sizes.mini.d_kv=8",
+        "model.sizes.mini.d_ff=64",
+        "model.sizes.mini.num_layers=2",
+        "model.sizes.mini.num_decoder_layers=2",
+    ],
     "chronos2": [],
     "patchtst": [],
     "moirai": [],
     "lag_llama": [],
-    "timesfm": [],
+    "timesfm": [
+        "model.sizes.mini.num_hidden_layers=2",
+        "model.sizes.mini.hidden_size=32",
+        "model.sizes.mini.intermediate_size=32",
+        "model.sizes.mini.head_dim=8",
+    ],
     "llm": [],
 }
 

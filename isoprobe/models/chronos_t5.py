@@ -286,8 +286,7 @@ def _load(
         raise CheckpointError(
             f"{source} is a Chronos-Bolt checkpoint ({pipeline or architectures}), not a "
             "Chronos-T5 one: model=chronos loads seq2seq Chronos-T5 checkpoints such as "
-            "amazon/chronos-t5-small. Chronos-Bolt is loaded by model=chronos_bolt, which isoprobe "
-            "does not ship yet."
+            "amazon/chronos-t5-small; load Chronos-Bolt checkpoints with model=chronos_bolt."
         )
     chronos_fields = getattr(config, "chronos_config", None)
     if chronos_fields is None or config.model_type != "t5":

@@ -1,0 +1,378 @@
+"""Chronos-Bolt (Ansari et al., 2024; chronos-forecasting) as a :class:`ForecastModule`.
+
+The model is chronos-forecasting's own ``ChronosBoltModelForForecasting``: the context is
+standardised per window (mean and standard deviation of its observed values), cut into
+``input_patch_size``-step patches (left-padded with NaN to a whole patch), each patch and its
+observed-mask embedded by a residual MLP; a T5 encoder reads the patches and, where the config
+says so, a trailing [REG] token; the T5 decoder runs a single step from one learned query token
+(the decoder start embedding) that cross-attends to the encoder, and a residual MLP maps its
+output to ``len(quantiles) x prediction_length`` values. Training uses the model's own
+forward with a target: the quantile loss. There is no official trainer (chronos-forecasting issue
+258): this wrapper is one.
+
+Forecasts follow ``ChronosBoltPipeline.predict``: one direct pass for up to the model's
+``prediction_length`` steps, and for a longer horizon its autoregressive heuristic (each
+predicted quantile path appended to the context, the Q x Q resulting paths reduced to Q
+empirical quantiles). The model's quantiles are then sorted per step (the monotone
+rearrangement; it changes nothing where the heads do not cross) and linearly interpolated to
+``quantile_levels`` (:func:`isoprobe.models.quantiles.interpolation_matrix`), flat beyond the
+model's outermost levels, which is what the pipeline's ``predict_quantiles`` does on the
+official 0.1..0.9 grid.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+from transformers import AutoConfig, T5Config
+from transformers.utils import SAFE_WEIGHTS_NAME, cached_file
+
+from isoprobe.models.base import (
+    ATTENTION_PROJECTIONS,
+    Batch,
+    Forecast,
+    ForecastModule,
+    check_probe_site,
+)
+from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.quantiles import interpolation_matrix
+
+try:
+    from chronos.chronos_bolt import ChronosBoltConfig, ChronosBoltModelForForecasting
+except ImportError as err:  # chronos-forecasting missing, or older than Chronos-Bolt
+    raise ImportError(
+        f"model=chronos_bolt needs chronos-forecasting's ChronosBoltModelForForecasting ({err}). "
+        "Install it with pip install 'chronos-forecasting>=2.0,<3'"
+    ) from err
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "ChronosBoltModelForForecasting"
+#: T5 settings every Chronos-Bolt has (the official config.json files), added to a scratch size
+BOLT_T5_FIELDS = {
+    "feed_forward_proj": "relu",
+    "decoder_start_token_id": 0,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "architectures": [ARCHITECTURE],
+    "chronos_pipeline_class": "ChronosBoltPipeline",
+}
+#: stored once (as shared.weight) and tied on load
+TIED_WEIGHTS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+#: in official files written by older transformers; the model has no language-model head
+IGNORED_WEIGHTS = ("lm_head.weight",)
+
+
+class ChronosBoltModule(ForecastModule):
+    """Chronos-Bolt fine-tuning/pretraining wrapper.
+
+    Args:
+        checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local HF directory | a hub id.
+        hub_id: the official checkpoint ``auto`` prefers when it is cached or reachable.
+        bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
+        size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
+        sizes: named ``T5Config`` fields with a ``chronos_config`` (``ChronosBoltConfig``
+            fields), as in the official config.json files (``mini``: the bundled shape;
+            ``official_tiny`` .. ``official_base``: the released ones).
+        **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str = "auto",
+        hub_id: str = "amazon/chronos-bolt-tiny",
+        bundled_name: str = "chronos-bolt-mini",
+        size: str = "mini",
+        sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
+        self.model = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        bolt = self.model.chronos_config
+        if self.context_length > bolt.context_length:
+            log.warning(
+                "data.context_length=%d is longer than this Chronos-Bolt checkpoint's context of "
+                "%d steps: like the official model, only the last %d steps are read.",
+                self.context_length,
+                bolt.context_length,
+                bolt.context_length,
+            )
+        if self.prediction_length > bolt.prediction_length:
+            log.warning(
+                "data.prediction_length=%d is longer than this Chronos-Bolt checkpoint's %d "
+                "steps: the loss trains the first %d steps, and forecasts go on "
+                "autoregressively as ChronosBoltPipeline.predict does.",
+                self.prediction_length,
+                bolt.prediction_length,
+                bolt.prediction_length,
+            )
+        grid = tuple(float(q) for q in bolt.quantiles)
+        outside = [q for q in self.quantile_levels if not grid[0] <= q <= grid[-1]]
+        if outside:
+            log.warning(
+                "quantile levels %s lie outside Chronos-Bolt's %s: they take the nearest end.",
+                outside,
+                grid,
+            )
+        self.register_buffer(
+            "level_weights", interpolation_matrix(self.quantile_levels, grid), persistent=False
+        )
+        self.register_buffer(
+            "median_weights", interpolation_matrix((0.5,), grid)[0], persistent=False
+        )
+        log.info("Chronos-Bolt weights: %s", self.resolved_checkpoint.describe())
+
+    # ----------------------------------------------------------------- inputs and decoding
+    def _window(self, context: Tensor) -> Tensor:
+        """The last ``context_length`` steps of the model's config (what the model reads)."""
+        return context[:, -self.model.chronos_config.context_length :]
+
+    def _predict(self, context: Tensor) -> Tensor:
+        """[B, Q, prediction_length] at the model's quantiles, as ``ChronosBoltPipeline.predict``:
+        one pass for up to the model's horizon; beyond it, each of the Q quantile paths is
+        appended to its context and forecast again, and the Q x Q paths of every later block are
+        reduced to Q empirical quantiles (``torch.quantile``, linear)."""
+        bolt = self.model.chronos_config
+        levels = self.model.quantiles
+        context = self._window(context)
+        prediction = self.model(context=context).quantile_preds
+        blocks = [prediction]
+        if self.prediction_length > prediction.shape[-1]:
+            context = context.unsqueeze(1).expand(-1, len(levels), -1)
+        while sum(block.shape[-1] for block in blocks) < self.prediction_length:
+            context = torch.cat([context, prediction], dim=-1)[..., -bolt.context_length :]
+            batch, paths, length = context.shape
+            prediction = self.model(context=context.reshape(batch * paths, length)).quantile_preds
+            prediction = prediction.reshape(batch, paths * paths, -1)
+            prediction = torch.quantile(prediction, levels.to(prediction), dim=1).transpose(0, 1)
+            blocks.append(prediction)
+        return torch.cat(blocks, dim=-1)[..., : self.prediction_length]
+
+    def _patch_observed(self, context: Tensor) -> Tensor:
+        """[B, P] True where a context patch holds at least one observed value (the model's
+        own rule for its attention mask), patched by the model's own ``patch`` module."""
+        observed = (~self._window(context).isnan()).to(context.dtype)
+        return self.model.patch(observed).nan_to_num(0.0).sum(dim=-1) > 0
+
+    # ----------------------------------------------------------------- the contract
+    def loss(self, batch: Batch) -> Tensor:
+        """The model's own quantile loss (its forward with a target): in the window's
+        standardised scale, ``2 |(y - q_l)(1[y <= q_l] - l)|`` averaged over the model's
+        levels, summed over its ``prediction_length`` steps (missing and unforecast steps count
+        zero), averaged over the batch. A target longer than the model's horizon is cut to it."""
+        target = batch["target"][:, : self.model.chronos_config.prediction_length]
+        return self.model(context=self._window(batch["context"]), target=target).loss
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        """Quantiles at ``self.quantile_levels``: the model's quantiles (:meth:`_predict`)
+        sorted per step, then linearly interpolated between its levels; the median is the 0.5
+        level of the same curve."""
+        heads = self._predict(batch["context"]).sort(dim=1).values
+        quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
+        median = torch.einsum("bgh,g->bh", heads, self.median_weights.to(heads.dtype))
+        return Forecast(quantiles, self.quantile_levels, median)
+
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        check_probe_site(site)
+        stacks = {"encoder": self.model.encoder.block, "decoder": self.model.decoder.block}
+        if site == "attention":  # T5Attention returns (output after the o projection, ...)
+            return {
+                f"{stack}.{i}.attn": block.layer[0].SelfAttention
+                for stack, blocks in stacks.items()
+                for i, block in enumerate(blocks)
+            }
+        layers: dict[str, nn.Module] = {"embed": self.model.input_patch_embedding}
+        for stack, blocks in stacks.items():
+            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
+        return layers
+
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Real tokens, from the context patched once: ``embed`` [B, P] and the encoder
+        [B, P (+ 1 for REG)] keep the patches that hold an observed value (not all-missing
+        patches, such as left padding; never REG). The decoder's one position [B, 1] is the
+        learned query whose output the quantile head reads, the forecast's summary of the
+        window: real when the window holds any observed value."""
+        patches = self._patch_observed(batch["context"])
+        encoder = patches
+        if self.model.chronos_config.use_reg_token:
+            encoder = torch.cat([patches, torch.zeros_like(patches[:, :1])], dim=1)
+        decoder = patches.any(dim=1, keepdim=True)
+        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        masks = {}
+        for name in layers:
+            if name not in known:
+                raise KeyError(f"unknown Chronos-Bolt layer {name!r}; known: {known}")
+            if name == "embed":
+                masks[name] = patches
+            else:
+                masks[name] = encoder if name.startswith("encoder.") else decoder
+        return masks
+
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
+        (``[d_model, H d_kv]``); T5's projections have no bias."""
+        stacks = {"encoder": self.model.encoder.block, "decoder": self.model.decoder.block}
+        return {
+            f"{stack}.{i}": {
+                part: getattr(block.layer[0].SelfAttention, part).weight
+                for part in ATTENTION_PROJECTIONS
+            }
+            for stack, blocks in stacks.items()
+            for i, block in enumerate(blocks)
+        }
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """``ChronosBoltModelForForecasting.save_pretrained``: the official format (config.json
+        with ``chronos_config``), which ``checkpoint=<directory>`` and ``ChronosBoltPipeline``
+        both load. ``dtype="float16"`` halves the file (the bundled checkpoint); loading casts
+        back to float32."""
+        export = copy.deepcopy(self.model).to(getattr(torch, dtype))
+        export.save_pretrained(directory, safe_serialization=True)
+
+    def _tokens(self) -> int:
+        """Encoder positions of a window: its patches, plus REG."""
+        bolt = self.model.chronos_config
+        length = min(self.context_length, bolt.context_length)
+        patches = math.ceil(length / bolt.input_patch_size)
+        return patches + int(bolt.use_reg_token)
+
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
+        copies), and the activations kept for backward: per encoder layer the attention tensors
+        (scores, softmax, dropout output: 3 x heads x N^2) and hidden values (~ N x (8 d_model +
+        2 d_ff)) for N positions; per decoder layer one position's (~ 10 d_model + 2 d_ff) and
+        its cross-attention (3 x heads x N); the patch embedding (N x (4 patch + d_ff +
+        d_model)) and the output head (d_ff + 2 Q H)."""
+        config, bolt = self.model.config, self.model.chronos_config
+        tokens, heads = self._tokens(), config.num_heads
+        width, ff = config.d_model, config.d_ff
+        outputs = len(bolt.quantiles) * bolt.prediction_length
+        encoder = config.num_layers * (3 * heads * tokens**2 + tokens * (8 * width + 2 * ff))
+        decoder = config.num_decoder_layers * (3 * heads * tokens + 10 * width + 2 * ff)
+        embed = tokens * (4 * bolt.input_patch_size + ff + width) + ff + 2 * outputs
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return 4 * (batch_size * (encoder + decoder + embed) + weights)
+
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a forecast: the weights and, per window, the largest encoder
+        layer's attention scores and probabilities (2 x heads x N^2) and hidden states (N x (4
+        d_model + d_ff)); a horizon beyond the model's runs Q windows per window."""
+        config, bolt = self.model.config, self.model.chronos_config
+        tokens = self._tokens()
+        layer = 2 * config.num_heads * tokens**2 + tokens * (4 * config.d_model + config.d_ff)
+        paths = len(bolt.quantiles) if self.prediction_length > bolt.prediction_length else 1
+        weights = sum(p.numel() for p in self.parameters())
+        return 4 * (batch_size * paths * layer + weights)
+
+
+def _scratch_fields(
+    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
+) -> Mapping[str, Any] | None:
+    if sizes is None:
+        return None
+    if size not in sizes:
+        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
+    return sizes[size]
+
+
+def _load(
+    resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
+) -> ChronosBoltModelForForecasting:
+    if resolved.kind == "scratch":
+        if scratch is None:
+            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
+        config = T5Config(**{**BOLT_T5_FIELDS, **scratch})
+        _check_bolt_config(config, "model.sizes")
+        return ChronosBoltModelForForecasting(config)
+    source = resolved.location
+    config = AutoConfig.from_pretrained(source)
+    _check_bolt_config(config, source)
+    try:
+        model, info = ChronosBoltModelForForecasting.from_pretrained(
+            source, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
+            "Copy or export the checkpoint again."
+        ) from err
+    _check_weights_fit(model, info, source)
+    # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
+    # otherwise run without dropout
+    return model.train()
+
+
+def _check_bolt_config(config: T5Config, source: str) -> None:
+    """Refuse a config that is not Chronos-Bolt's, naming what it is instead."""
+    fields = getattr(config, "chronos_config", None)
+    architectures = getattr(config, "architectures", None) or []
+    if fields is None or config.model_type != "t5":
+        raise CheckpointError(
+            f"{source} is not a Chronos-Bolt checkpoint (model_type={config.model_type!r}, "
+            f"chronos_config {'present' if fields else 'missing'}). model=chronos_bolt loads "
+            "ChronosBoltModelForForecasting checkpoints such as amazon/chronos-bolt-tiny."
+        )
+    if "T5ForConditionalGeneration" in architectures:
+        raise CheckpointError(
+            f"{source} is a Chronos-T5 checkpoint, not a Chronos-Bolt one: load it with "
+            "model=chronos."
+        )
+    if architectures and ARCHITECTURE not in architectures:
+        raise CheckpointError(
+            f"{source} is a {architectures[0]} checkpoint, not a Chronos-Bolt one "
+            f"({ARCHITECTURE}); Chronos-2 checkpoints load with model=chronos2."
+        )
+    try:
+        bolt = ChronosBoltConfig(**fields)
+    except TypeError as err:
+        raise CheckpointError(
+            f"{source}: its chronos_config {sorted(fields)} is not a ChronosBoltConfig ({err})."
+        ) from err
+    if list(bolt.quantiles) != sorted(bolt.quantiles):
+        raise CheckpointError(f"{source}: chronos_config.quantiles {bolt.quantiles} not ascending")
+
+
+def _check_weights_fit(
+    model: ChronosBoltModelForForecasting, info: Mapping[str, Any], source: str
+) -> None:
+    """Every tensor of the architecture is in the file, with its shape, and nothing else is.
+
+    transformers only reports a shape mismatch (and initialises that tensor at random), and
+    ``ChronosBoltModelForForecasting`` tells it to say nothing of missing patch embeddings, so
+    the names are checked against the weights file itself."""
+    mismatched = sorted(info["mismatched_keys"])
+    if mismatched:
+        name, found, expected = mismatched[0]
+        raise CheckpointError(
+            f"the weights in {source} do not fit its config.json: {name} has shape "
+            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
+            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
+            "checkpoint; re-export the model."
+        )
+    weights_file = cached_file(
+        source, SAFE_WEIGHTS_NAME, _raise_exceptions_for_missing_entries=False
+    )
+    stored = set(info["unexpected_keys"])
+    if weights_file is not None:
+        with safe_open(weights_file, framework="pt") as file:
+            stored |= set(file.keys())
+    else:
+        stored |= set(model.state_dict()) - set(info["missing_keys"])
+    expected = set(model.state_dict()) - set(TIED_WEIGHTS)
+    missing = sorted(expected - stored)
+    unexpected = sorted(stored - expected - set(TIED_WEIGHTS) - set(IGNORED_WEIGHTS))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: {len(missing)} weights "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            "The config was edited or belongs to another checkpoint; re-export the model."
+        )
