@@ -118,19 +118,20 @@ def compress_attention(model: nn.Module, eps: float | dict[str, float]) -> list[
     in place. ``eps`` is one threshold, or block name -> threshold (a block left out keeps its
     projections)."""
 
-    def threshold(block: str) -> tuple[float | None, None]:
+    def threshold(block: str, weight: Tensor) -> tuple[float | None, None]:
         return (eps.get(block) if isinstance(eps, dict) else eps), None
 
     return _replace_projections(model, threshold)
 
 
 def _replace_projections(model: nn.Module, setting, always: bool = False) -> list[ProjectionReport]:
-    """Factorise each projection at ``setting(block)`` = (eps, rank); (None, None) keeps it."""
+    """Factorise each projection at ``setting(block, weight)`` = (eps, rank); (None, None) keeps
+    it."""
     owners = _owners(model)
     reports = []
     for block, projections in model.attention_weights().items():
-        eps, rank = setting(block)
         for part, weight in projections.items():
+            eps, rank = setting(block, weight)
             owner = owners.get(id(weight))
             out_features, in_features = weight.shape
             if owner is None or (eps is None and rank is None):
@@ -188,7 +189,19 @@ def low_rank_attention(
         last = r_last if r_last is not None else max(1, min(first.shape) // 2)
         schedule = flow_of_ranks_schedule(len(blocks), r_first, last, alpha)
         ranks.update(zip(blocks, schedule, strict=True))
-    return _replace_projections(model, lambda block: (None, ranks[block]), always=True)
+    return _replace_projections(model, lambda block, _: (None, ranks[block]), always=True)
+
+
+def factor_at_rank_fraction(model: nn.Module, fraction: float) -> list[ProjectionReport]:
+    """Every attention projection factored at ``fraction`` of its full rank, whatever its
+    spectrum (to time a shape, e.g. an official size with random weights)."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"the rank fraction must lie in (0, 1], got {fraction}")
+
+    def rank(block: str, weight: Tensor) -> tuple[None, int]:
+        return None, max(1, int(fraction * min(weight.shape)))
+
+    return _replace_projections(model, rank, always=True)
 
 
 def attention_sizes(reports: list[ProjectionReport]) -> tuple[int, int]:
