@@ -17,6 +17,7 @@ from isoprobe.models.compression import (
     attention_sizes,
     compress_attention,
     export_compressed,
+    factor_at_rank_fraction,
     factorise,
     flow_of_ranks_schedule,
 )
@@ -198,3 +199,12 @@ def test_a_low_rank_pretraining_exports_a_model_that_reloads_identically(tiny_co
     reloaded = tiny_chronos(tmp_path, checkpoint=export)
     ranks = sorted({r.rank for r in reloaded.compression})
     assert ranks == sorted(set(flow_of_ranks_schedule(4, 4, 64, 0.5)))
+
+
+def test_factoring_at_a_rank_fraction_factors_every_projection_at_that_rank(tmp_path):
+    model = tiny_chronos(tmp_path)
+    reports = factor_at_rank_fraction(model, 0.25)
+    assert {(r.status, r.rank) for r in reports} == {("factored", 32)}  # d_model 128
+    assert attention_sizes(reports) == (len(reports) * 128 * 128, len(reports) * 32 * 256)
+    with pytest.raises(ValueError, match="rank fraction"):
+        factor_at_rank_fraction(model, 0.0)
