@@ -172,6 +172,27 @@ def flow_of_ranks_schedule(num_layers: int, r_first: int, r_last: int, alpha: fl
     ]
 
 
+def _stacks(model: nn.Module) -> dict[str, list[str]]:
+    """Stack name (``encoder``, ``decoder``: the block name before its index) -> its blocks in
+    order, from ``attention_weights()``."""
+    stacks: dict[str, list[str]] = {}
+    for block in model.attention_weights():
+        stacks.setdefault(block.rpartition(".")[0], []).append(block)
+    return stacks
+
+
+def depth_scaled_eps(model: nn.Module, eps: float, early_factor: float) -> dict[str, float]:
+    """Block -> threshold: ``eps * early_factor`` at the first block of each stack, falling
+    geometrically to ``eps`` at the last, so early layers, whose inputs have the lowest rank
+    (flow-of-ranks), are compressed harder (capped below 1)."""
+    thresholds = {}
+    for blocks in _stacks(model).values():
+        last = max(1, len(blocks) - 1)
+        for i, block in enumerate(blocks):
+            thresholds[block] = min(0.999, eps * early_factor ** ((last - i) / last))
+    return thresholds
+
+
 def low_rank_attention(
     model: nn.Module, r_first: int = 16, r_last: int | None = None, alpha: float = 0.5
 ) -> list[ProjectionReport]:
@@ -180,11 +201,8 @@ def low_rank_attention(
     over the blocks of each stack (``encoder``, ``decoder``: the name before the block index);
     ``r_last`` None = half the projection's smaller side (the paper's d / 2). Every projection is
     factored, even where the factors are no smaller than the matrix (r (in + out) >= in x out)."""
-    stacks: dict[str, list[str]] = {}
-    for block in model.attention_weights():
-        stacks.setdefault(block.rpartition(".")[0], []).append(block)
     ranks: dict[str, int] = {}
-    for blocks in stacks.values():
+    for blocks in _stacks(model).values():
         first = next(iter(model.attention_weights()[blocks[0]].values()))
         last = r_last if r_last is not None else max(1, min(first.shape) // 2)
         schedule = flow_of_ranks_schedule(len(blocks), r_first, last, alpha)

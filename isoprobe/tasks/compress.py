@@ -25,7 +25,12 @@ from omegaconf import DictConfig, ListConfig
 
 from isoprobe.callbacks.plots import save_compression_tradeoff
 from isoprobe.models.base import ForecastModule
-from isoprobe.models.compression import attention_sizes, compress_attention, export_compressed
+from isoprobe.models.compression import (
+    attention_sizes,
+    compress_attention,
+    depth_scaled_eps,
+    export_compressed,
+)
 
 COLUMNS = (
     "epsilon",
@@ -108,7 +113,9 @@ def run_compress(
     rows = []
     for eps in epsilons(cfg.compress.epsilon):
         compressed = copy.deepcopy(model)
-        reports = compress_attention(compressed, eps)
+        reports = compress_attention(
+            compressed, depth_scaled_eps(compressed, eps, float(cfg.compress.early_factor))
+        )
         result = _test_metrics(trainer, compressed, datamodule, cfg.seed)
         before, after = attention_sizes(reports)
         rows.append(

@@ -16,6 +16,7 @@ from isoprobe.models.compression import (
     FactoredLinear,
     attention_sizes,
     compress_attention,
+    depth_scaled_eps,
     export_compressed,
     factor_at_rank_fraction,
     factorise,
@@ -208,3 +209,12 @@ def test_factoring_at_a_rank_fraction_factors_every_projection_at_that_rank(tmp_
     assert attention_sizes(reports) == (len(reports) * 128 * 128, len(reports) * 32 * 256)
     with pytest.raises(ValueError, match="rank fraction"):
         factor_at_rank_fraction(model, 0.0)
+
+
+def test_depth_scaled_thresholds_compress_early_blocks_harder(tmp_path):
+    model = tiny_chronos(tmp_path)
+    thresholds = depth_scaled_eps(model, 0.01, early_factor=8.0)
+    for stack in ("encoder", "decoder"):
+        values = [thresholds[f"{stack}.{i}"] for i in range(4)]
+        assert values == pytest.approx([0.08, 0.04, 0.02, 0.01])
+    assert set(depth_scaled_eps(model, 0.01, 1.0).values()) == {0.01}
