@@ -45,8 +45,8 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_decoder_layers=2",
     ],
     "chronos2": [],
-    "patchtst": [],
-    "moirai": [],
+    "patchtst": ["model.sizes.paper.d_model=16", "model.sizes.paper.ffn_dim=32"],
+    "moirai": ["model.num_samples=20", "model.sizes.mini.num_layers=2"],
     "lag_llama": [],
     "timesfm": [
         "model.sizes.mini.num_hidden_layers=2",
@@ -54,7 +54,12 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.intermediate_size=32",
         "model.sizes.mini.head_dim=8",
     ],
-    "llm": [],
+    "llm": [
+        "model.num_samples=4",
+        "model.sizes.gpt2.mini.n_embd=32",
+        "model.sizes.gpt2.mini.n_layer=2",
+        "model.sizes.gpt2.mini.n_head=2",
+    ],
 }
 
 

@@ -1,0 +1,425 @@
+"""Moirai 1.x (Woo et al., 2024) as a :class:`ForecastModule`, on uni2ts' ``MoiraiModule``.
+
+Moirai is a masked encoder over patches of one variate (univariate here). A window becomes one
+packed sequence as uni2ts' ``MoiraiForecast`` builds it at a FIXED patch size ``p``
+(``model.patch_size``): the context, left-padded to a multiple of ``p``, gives
+``ceil(context / p)`` patches; the horizon gives ``ceil(horizon / p)`` prediction patches whose
+inputs the model replaces by its learned [MASK] embedding. The module standardises the window
+by the mean and standard deviation of the observed context, runs the transformer and returns a
+mixture (Student-t, near-point normal, negative binomial, log-normal) per step. The training
+objective is uni2ts' packed NLL of that mixture on the observed horizon values; forecasts are
+quantiles of ``num_samples`` samples.
+
+Missing values: a leading run of NaN in the context is left padding (gluonts' ``is_pad``: a
+patch made only of padding is packed as a sample of its own, which the real patches do not
+attend to); any other NaN is a missing value (``observed_mask`` 0, value 0).
+
+uni2ts pins old torch/numpy releases, so it is an extra installed without its dependencies
+(:data:`INSTALL`) and imported only when a Moirai model is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+
+if TYPE_CHECKING:
+    from uni2ts.model.moirai import MoiraiModule
+
+log = logging.getLogger(__name__)
+
+#: the command that installs uni2ts and what its import needs, leaving torch/numpy alone (the
+#: pins of scripts/moirai-requirements.txt, which scripts/setup.sh installs)
+INSTALL = (
+    "python -m pip install --no-deps uni2ts==2.0.0 jaxtyping==0.3.11 wadler_lindig==0.1.8 "
+    "jax==0.10.2 jaxlib==0.10.2 ml_dtypes==0.6.0 opt_einsum==3.4.0"
+)
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+
+
+def import_uni2ts() -> tuple[type, type]:
+    """uni2ts' ``MoiraiModule`` and ``PackedNLLLoss``, or an error naming the install command."""
+    try:
+        from uni2ts.loss.packed import PackedNLLLoss
+        from uni2ts.model.moirai.module import MoiraiModule
+    except ImportError as err:
+        raise ImportError(
+            f"model=moirai needs uni2ts (Salesforce's Moirai), which cannot be imported ({err}). "
+            "It pins old torch/numpy releases, so install it without its dependencies: "
+            f"{INSTALL}"
+        ) from err
+    return MoiraiModule, PackedNLLLoss
+
+
+def official_mixture():
+    """The mixture every Moirai 1.x checkpoint predicts: Student-t, normal of fixed scale,
+    negative binomial and log-normal."""
+    from uni2ts.distribution import (
+        LogNormalOutput,
+        MixtureOutput,
+        NegativeBinomialOutput,
+        NormalFixedScaleOutput,
+        StudentTOutput,
+    )
+
+    components = [StudentTOutput(), NormalFixedScaleOutput(), NegativeBinomialOutput()]
+    return MixtureOutput([*components, LogNormalOutput()])
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batch of windows as one packed sequence each: ``T = context_tokens + horizon_tokens``
+    patches, values padded to the module's largest patch size ``P``.
+
+    target / observed [B, T, P]; sample_id, time_id, variate_id, prediction [B, T];
+    patch_size [B, T] (``p`` everywhere)."""
+
+    target: Tensor
+    observed: Tensor
+    sample_id: Tensor
+    time_id: Tensor
+    variate_id: Tensor
+    prediction: Tensor
+    patch_size: Tensor
+
+    def module_inputs(self) -> tuple[Tensor, ...]:
+        """The positional arguments of ``MoiraiModule.forward``."""
+        return (
+            self.target,
+            self.observed,
+            self.sample_id,
+            self.time_id,
+            self.variate_id,
+            self.prediction,
+            self.patch_size,
+        )
+
+
+class MoiraiForecastModule(ForecastModule):
+    """Moirai fine-tuning/pretraining wrapper.
+
+    Args:
+        checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local directory | a hub id, in
+            uni2ts' format (``MoiraiModule.save_pretrained``: config.json + model.safetensors).
+        hub_id: the official checkpoint ``auto`` prefers (``Salesforce/moirai-1.1-R-small``;
+            the 1.0-R ones load the same way).
+        bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
+        size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
+        sizes: named ``MoiraiModule`` shapes (``mini``: the bundled one; ``small``: 1.1-R-small);
+            the distribution is always the official mixture.
+        patch_size: the one patch size of every window of the run; must be one of the
+            checkpoint's ``patch_sizes``.
+        num_samples: samples per window that forecasts summarise by quantiles.
+        **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, freq, ...).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str = "auto",
+        hub_id: str = "Salesforce/moirai-1.1-R-small",
+        bundled_name: str = "moirai-mini",
+        size: str = "mini",
+        sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        patch_size: int = 32,
+        num_samples: int = 100,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        _, loss_class = import_uni2ts()
+        self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
+        self.module = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        allowed = tuple(int(p) for p in self.module.patch_sizes)
+        if int(patch_size) not in allowed:
+            raise ValueError(
+                f"model.patch_size={patch_size} is not one of this checkpoint's patch sizes "
+                f"{allowed}: Moirai has input and output layers only for those."
+            )
+        self.patch_size = int(patch_size)
+        self.num_samples = int(num_samples)
+        self.nll = loss_class()
+        tokens = self.context_tokens + self.horizon_tokens
+        if tokens > self.module.max_seq_len:
+            log.warning(
+                "%d patches per window exceed this Moirai checkpoint's max_seq_len %d: its "
+                "rotary positions extrapolate.",
+                tokens,
+                self.module.max_seq_len,
+            )
+        log.info(
+            "Moirai weights: %s, patch size %d", self.resolved_checkpoint.describe(), patch_size
+        )
+
+    @property
+    def context_tokens(self) -> int:
+        return math.ceil(self.context_length / self.patch_size)
+
+    @property
+    def horizon_tokens(self) -> int:
+        return math.ceil(self.prediction_length / self.patch_size)
+
+    # ----------------------------------------------------------------- packing
+    def pack(self, context: Tensor, target: Tensor | None = None) -> Packed:
+        """The packed sequence of each window (see the module docstring). Without ``target``
+        (forecasting) the horizon is zeros, all observed, as in ``MoiraiForecast``."""
+        p, width = self.patch_size, max(self.module.patch_sizes)
+        batch = context.shape[0]
+        left = self.context_tokens * p - context.shape[1]
+        nan = context.isnan()
+        leading = nan.long().cumprod(dim=1).bool()  # the left padding: a leading run of NaN
+        missing = nn.functional.pad(nan, (left, 0), value=True)
+        padding = nn.functional.pad(leading, (left, 0), value=True)
+        values = nn.functional.pad(context.nan_to_num(0.0), (left, 0), value=0.0)
+
+        horizon = self.horizon_tokens * p
+        right = horizon - self.prediction_length
+        if target is None:
+            future = torch.zeros(batch, self.prediction_length, device=context.device)
+            future_observed = torch.ones_like(future, dtype=torch.bool)
+        else:
+            future, future_observed = target.nan_to_num(0.0), ~target.isnan()
+        future = nn.functional.pad(future.to(values.dtype), (0, right), value=0.0)
+        future_observed = nn.functional.pad(future_observed, (0, right), value=False)
+
+        def patches(x: Tensor) -> Tensor:
+            return nn.functional.pad(x.view(batch, -1, p), (0, width - p))
+
+        observed = torch.cat([patches(~missing), patches(future_observed)], dim=1)
+        seen = (~missing).view(batch, -1, p).any(dim=-1)
+        # a patch's position counts from the first patch with an observed value
+        time_id = (seen.long().cummax(dim=1).values.cumsum(dim=1) - 1).clamp_min(0)
+        future_ids = torch.arange(self.horizon_tokens, device=context.device)
+        time_id = torch.cat([time_id, time_id.max(dim=1, keepdim=True).values + 1 + future_ids], 1)
+        real_sample = ~padding.view(batch, -1, p).all(dim=-1)
+        sample_id = torch.cat(
+            [real_sample.long(), real_sample.new_ones(batch, self.horizon_tokens).long()], dim=1
+        )
+        prediction = torch.zeros_like(sample_id, dtype=torch.bool)
+        prediction[:, self.context_tokens :] = True
+        return Packed(
+            target=torch.cat([patches(values), patches(future)], dim=1),
+            observed=observed,
+            sample_id=sample_id,
+            time_id=time_id,
+            variate_id=torch.zeros_like(time_id),
+            prediction=prediction,
+            patch_size=torch.full_like(time_id, p),
+        )
+
+    # ----------------------------------------------------------------- the contract
+    def loss(self, batch: Batch) -> Tensor:
+        """uni2ts' ``PackedNLLLoss`` of the predicted mixture: per window, the mean negative
+        log-likelihood of its observed horizon values, averaged over the windows."""
+        packed = self.pack(batch["context"], batch["target"])
+        distribution = self.module(*packed.module_inputs())
+        return self.nll(
+            distribution,
+            packed.target,
+            packed.prediction,
+            packed.observed,
+            packed.sample_id,
+            packed.variate_id,
+        )
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        """``num_samples`` draws of the mixture over the prediction patches (one
+        ``sample`` call, as ``MoiraiForecast.forward``), cut to the horizon, summarised by
+        their empirical quantiles."""
+        packed = self.pack(batch["context"])
+        distribution = self.module(*packed.module_inputs())
+        draws = distribution.sample(torch.Size((self.num_samples,)))
+        batch_size, p = draws.shape[1], self.patch_size
+        draws = draws[:, :, self.context_tokens :, :p].reshape(self.num_samples, batch_size, -1)
+        samples = draws[..., : self.prediction_length].transpose(0, 1)
+        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
+        quantiles = torch.quantile(samples, levels, dim=1).permute(1, 0, 2)
+        median = torch.quantile(samples, 0.5, dim=1)
+        return Forecast(quantiles, self.quantile_levels, median, samples)
+
+    def probe_forward(self, batch: Batch) -> None:
+        """The module's forward on the training sequence (context and [MASK] patches) without
+        the likelihood, whose mixture draws a sample and so would move the random state."""
+        packed = self.pack(batch["context"], batch["target"])
+        self.module(*packed.module_inputs())
+
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        check_probe_site(site)
+        layers = self.module.encoder.layers
+        if site == "attention":  # GroupedQueryAttention returns out_proj's output
+            return {f"encoder.{i}.attn": layer.self_attn for i, layer in enumerate(layers)}
+        probed: dict[str, nn.Module] = {"embed": self.module.in_proj}
+        probed.update({f"encoder.{i}": layer for i, layer in enumerate(layers)})
+        return probed
+
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Every layer's tokens are the packed patches [B, T]; a real token is a context patch
+        with at least one observed value: not an all-missing (or left-padding) patch, not a
+        prediction patch (the [MASK] input)."""
+        packed = self.pack(batch["context"])
+        real = packed.observed.any(dim=-1) & ~packed.prediction
+        known = {*self.probe_layers(), *self.probe_layers("attention")}
+        masks = {}
+        for name in layers:
+            if name not in known:
+                raise KeyError(f"unknown Moirai layer {name!r}; known: {sorted(known)}")
+            masks[name] = real
+        return masks
+
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Every layer's ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` weights (no bias;
+        Moirai 1.x has as many key/value groups as heads, so all are [d_model, d_model]). The
+        per-head RMS norms of queries and keys and the rotary positions come after ``q``/``k``
+        and are not folded in."""
+        return {
+            f"encoder.{i}": {
+                "q": layer.self_attn.q_proj.weight,
+                "k": layer.self_attn.k_proj.weight,
+                "v": layer.self_attn.v_proj.weight,
+                "o": layer.self_attn.out_proj.weight,
+            }
+            for i, layer in enumerate(self.module.encoder.layers)
+        }
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """``MoiraiModule.save_pretrained``: uni2ts' own format (config.json +
+        model.safetensors), which ``checkpoint=<directory>`` and ``MoiraiModule.from_pretrained``
+        both load. ``dtype="float16"`` halves the file; loading casts back to float32."""
+        copy.deepcopy(self.module).to(getattr(torch, dtype)).save_pretrained(directory)
+
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
+        copies); per layer the activations kept for backward, ~ T x (10 d_model + 3 d_ff) per
+        window, and the attention scores and probabilities (2 x heads x T^2); the distribution
+        head, which evaluates every patch size's projection (``len(patch_sizes)`` x T x P x
+        (4 + 7) outputs) and the four components' log-likelihoods (~ 4 x 4 x T x P)."""
+        module = self.module
+        tokens, width = self.context_tokens + self.horizon_tokens, module.d_model
+        heads = module.encoder.layers[0].self_attn.num_heads
+        ff = module.encoder.layers[0].ffn.fc1.out_features
+        layer = tokens * (10 * width + 3 * ff) + 2 * heads * tokens**2
+        patch = max(module.patch_sizes)
+        head = tokens * patch * (11 * len(module.patch_sizes) + 16)
+        activations = batch_size * (module.num_layers * layer + head)
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return 4 * (activations + weights)
+
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a forecast: the weights, the largest layer's activations and
+        attention (T x (4 d_model + d_ff) + 2 heads T^2 per window), and the samples: the
+        mixture draws every component for every patch, ``num_samples`` x T x P x 6 values."""
+        module = self.module
+        tokens, width = self.context_tokens + self.horizon_tokens, module.d_model
+        heads = module.encoder.layers[0].self_attn.num_heads
+        ff = module.encoder.layers[0].ffn.fc1.out_features
+        layer = tokens * (4 * width + ff) + 2 * heads * tokens**2
+        draws = self.num_samples * tokens * max(module.patch_sizes) * 6
+        weights = sum(p.numel() for p in self.parameters())
+        return 4 * (batch_size * (layer + draws) + weights)
+
+
+def _scratch_fields(
+    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
+) -> Mapping[str, Any] | None:
+    if sizes is None:
+        return None
+    if size not in sizes:
+        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
+    return sizes[size]
+
+
+def _fetch(source: ResolvedCheckpoint, filename: str) -> str:
+    """A file of a local directory, or of a hub repository (downloaded or from the cache)."""
+    if source.kind in ("path", "bundled"):
+        path = Path(source.location) / filename
+        if not path.is_file():
+            raise CheckpointError(
+                f"{source.location} holds no {filename}: a Moirai checkpoint is a directory "
+                "written by MoiraiModule.save_pretrained (config.json + model.safetensors)."
+            )
+        return str(path)
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(source.location, filename)
+
+
+def _module_fields(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``MoiraiModule`` arguments of a checkpoint's config.json, refusing the other Moirai
+    generations (2.0's quantile decoder, Moirai-MoE) by name."""
+    MoiraiModule, _ = import_uni2ts()
+    accepted = set(inspect.signature(MoiraiModule.__init__).parameters) - {"self"}
+    if "num_predict_token" in config or "quantile_levels" in config:
+        raise CheckpointError(
+            f"{source} is a Moirai 2.0 checkpoint (a quantile decoder): model=moirai loads "
+            "Moirai 1.0-R / 1.1-R checkpoints such as Salesforce/moirai-1.1-R-small."
+        )
+    unknown = sorted(set(config) - accepted)
+    if unknown or "distr_output" not in config:
+        raise CheckpointError(
+            f"{source} is not a Moirai 1.x checkpoint (config.json fields {unknown} unknown to "
+            "MoiraiModule, distr_output "
+            f"{'present' if 'distr_output' in config else 'missing'}; Moirai-MoE has d_ff). "
+            "model=moirai loads checkpoints such as Salesforce/moirai-1.1-R-small."
+        )
+    from uni2ts.model.moirai.module import decode_distr_output
+
+    fields = dict(config)
+    fields["distr_output"] = decode_distr_output(config["distr_output"])
+    fields["patch_sizes"] = tuple(config["patch_sizes"])
+    return fields
+
+
+def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> MoiraiModule:
+    MoiraiModule, _ = import_uni2ts()
+    if resolved.kind == "scratch":
+        if scratch is None:
+            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
+        fields = {**scratch, "patch_sizes": tuple(scratch["patch_sizes"])}
+        return MoiraiModule(distr_output=official_mixture(), **fields)
+    source = resolved.location
+    config = json.loads(Path(_fetch(resolved, CONFIG_NAME)).read_text())
+    module = MoiraiModule(**_module_fields(source, config))
+    try:
+        weights = load_file(_fetch(resolved, WEIGHTS_NAME))
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
+            "Copy or export the checkpoint again."
+        ) from err
+    _check_weights(source, module.state_dict(), weights)
+    module.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
+    return module.train()
+
+
+def _check_weights(source: str, expected: Mapping[str, Tensor], found: Mapping[str, Tensor]):
+    """Refuse weights that do not fit the config, naming the first tensor that differs."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: {len(missing)} tensors "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. "
+            f"{unexpected[:3]}). The config was edited or belongs to another checkpoint; "
+            "re-export the model."
+        )
+    for name, tensor in expected.items():
+        if tuple(found[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"the weights in {source} do not fit its config.json: {name} has shape "
+                f"{tuple(found[name].shape)} in the checkpoint but {tuple(tensor.shape)} in the "
+                "model. The config was edited or belongs to another checkpoint; re-export it."
+            )
