@@ -1,0 +1,598 @@
+"""A text LLM reading the series as digits: GPT-2 or T5 with LLMTime serialisation.
+
+The context is serialised as in LLMTime (:mod:`isoprobe.models.llm.serialization`) and the
+model is trained with next-token cross-entropy on the target's tokens: GPT-2 reads context and
+target as one sequence (teacher forcing, the loss on the target's tokens only), T5 reads the
+context in its encoder and the target in its decoder. Forecasts are ``num_samples`` sampled
+continuations, constrained to well-formed numbers (digits, an optional leading ``-``, at most
+``max_digits`` digits, then ``,``), read back and summarised by quantiles.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+from isoprobe.models.base import (
+    ATTENTION_PROJECTIONS,
+    Batch,
+    Forecast,
+    ForecastModule,
+    check_probe_site,
+)
+from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.llm.serialization import (
+    COMMA,
+    DIGITS,
+    MINUS,
+    CharVocabulary,
+    Serializer,
+    TokenMap,
+)
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+ARCHITECTURES = {"gpt2": GPT2LMHeadModel, "t5": T5ForConditionalGeneration}
+HUB_IDS = {"gpt2": "openai-community/gpt2", "t5": "google-t5/t5-small"}
+#: the config.json field that records the serialisation a checkpoint was trained with
+SERIALIZER_KEY = "isoprobe_llmtime"
+
+
+@dataclasses.dataclass
+class Encoded:
+    """A batch as token ids [B, L] (left padded), its attention mask and real-token mask, and
+    for a loss the labels [B, L] (IGNORE_INDEX where no target token is predicted)."""
+
+    ids: Tensor
+    attention: Tensor
+    real: Tensor
+    labels: Tensor | None = None
+
+
+class LlmModule(ForecastModule):
+    """GPT-2 / T5 on LLMTime-serialised series.
+
+    Args:
+        arch: ``gpt2`` (decoder-only, GPT2LMHeadModel) | ``t5`` (T5ForConditionalGeneration).
+        checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local HF directory | a hub id.
+        hub_id: the checkpoint ``auto`` prefers; None: the arch's official one
+            (:data:`HUB_IDS`).
+        bundled_name: the shipped checkpoint; None: ``llm-<arch>-mini``.
+        size / sizes: ``sizes[arch][size]`` is the config ``checkpoint=scratch`` builds.
+        precision / max_digits / alpha: the LLMTime serialisation (:class:`Serializer`) of
+            scratch models; a checkpoint brings its own.
+        num_samples / temperature / top_k / top_p: sampling of forecasts.
+        **base: the :class:`ForecastModule` arguments.
+    """
+
+    def __init__(
+        self,
+        arch: str = "gpt2",
+        checkpoint: str = "auto",
+        hub_id: str | None = None,
+        bundled_name: str | None = None,
+        size: str = "mini",
+        sizes: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+        precision: int = 3,
+        max_digits: int = 5,
+        alpha: float = 0.95,
+        num_samples: int = 20,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"model.arch must be one of {tuple(ARCHITECTURES)}, got {arch!r}")
+        self.arch = arch
+        self.resolved_checkpoint = resolve_checkpoint(
+            checkpoint, hub_id or HUB_IDS[arch], bundled_name or f"llm-{arch}-mini"
+        )
+        scratch = None
+        if self.resolved_checkpoint.kind == "scratch":
+            if not sizes or arch not in sizes or size not in sizes[arch]:
+                raise CheckpointError(
+                    f"model.checkpoint=scratch builds model.sizes.{arch}.{size}, which is not "
+                    f"configured; known sizes: {sorted((sizes or {}).get(arch, {}))}"
+                )
+            scratch = dict(sizes[arch][size])
+        self.serializer = Serializer(precision, max_digits, alpha)
+        self.lm, self.vocabulary, self.token_map = _load(
+            self.resolved_checkpoint, arch, scratch, self.serializer
+        )
+        saved = getattr(self.lm.config, SERIALIZER_KEY, None)
+        if saved is not None:
+            self.serializer = Serializer(**saved)
+        self.num_samples = int(num_samples)
+        self.temperature, self.top_k, self.top_p = float(temperature), int(top_k), float(top_p)
+        self.embed_tap = (
+            nn.Identity()
+        )  # T5's encoder input embeddings (the shared table runs twice)
+        self.unreadable_values = 0
+        budget = self._context_budget()
+        typical = self.context_length * (self.serializer.precision + 1)  # digits and ","
+        if budget is not None and typical > budget:
+            log.warning(
+                "GPT-2's %d positions hold about %d of the %d context steps once %d horizon "
+                "steps are reserved: the oldest values are cut from the prompt (as LLMTime does).",
+                self.lm.config.n_positions,
+                budget // (self.serializer.precision + 1),
+                self.context_length,
+                self.prediction_length,
+            )
+        log.info("LLM (%s) weights: %s", arch, self.resolved_checkpoint.describe())
+
+    # ----- serialisation -------------------------------------------------------------------
+
+    @property
+    def _value_tokens(self) -> int:
+        """Most tokens one value takes: sign, ``max_digits`` digits, separator."""
+        return self.serializer.max_digits + 2
+
+    def _context_budget(self) -> int | None:
+        """Most context tokens GPT-2 can read and still write the horizon within its positions
+        (None for T5, whose relative positions have no limit)."""
+        if self.arch != "gpt2":
+            return None
+        budget = self.lm.config.n_positions - self.prediction_length * self._value_tokens
+        if budget < self._value_tokens:
+            raise ValueError(
+                f"GPT-2 with n_positions={self.lm.config.n_positions} cannot hold a horizon of "
+                f"{self.prediction_length} steps ({self._value_tokens} tokens each); use a model "
+                "with more positions or a shorter data.prediction_length"
+            )
+        return budget
+
+    def _context_tokens(self, context: Tensor, q: Tensor) -> list[tuple[list[int], list[bool]]]:
+        """Per window, the context's token ids and real flags, oldest values dropped (whole
+        values) where the budget is short, as LLMTime truncates the prompt."""
+        budget = self._context_budget()
+        rows = []
+        for values, scale in zip(context.double().cpu(), q.tolist(), strict=True):
+            ids, real = self.token_map.ids(self.serializer.symbols((values / scale).tolist()))
+            if budget is not None and len(ids) > budget:
+                cut = len(ids) - budget
+                separators = [i for i, t in enumerate(ids) if t == self._comma_id and i >= cut - 1]
+                start = separators[0] + 1 if separators else len(ids)
+                ids, real = ids[start:], real[start:]
+            rows.append((ids, real))
+        return rows
+
+    def _target_tokens(self, target: Tensor, q: Tensor) -> list[tuple[list[int], list[bool]]]:
+        symbols = [
+            self.serializer.symbols((values / scale).tolist(), skip_leading_missing=False)
+            for values, scale in zip(target.double().cpu(), q.tolist(), strict=True)
+        ]
+        return [self.token_map.ids(s) for s in symbols]
+
+    @property
+    def _comma_id(self) -> int:
+        return self.token_map.symbol_ids[COMMA][0]
+
+    def _pad(self, rows: list[tuple[list[int], list[bool]]], left: bool) -> Encoded:
+        length = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), length), self.token_map.pad_id, dtype=torch.long)
+        attention = torch.zeros(len(rows), length, dtype=torch.long)
+        real = torch.zeros(len(rows), length, dtype=torch.bool)
+        for row, (tokens, flags) in enumerate(rows):
+            span = slice(length - len(tokens), length) if left else slice(0, len(tokens))
+            ids[row, span] = torch.tensor(tokens, dtype=torch.long)
+            attention[row, span] = 1
+            real[row, span] = torch.tensor(flags, dtype=torch.bool)
+        return Encoded(ids.to(self.device), attention.to(self.device), real.to(self.device))
+
+    def encode_context(self, batch: Batch) -> tuple[Encoded, Tensor]:
+        """The prompt: the context's tokens (left padded; T5's end with EOS) and the scales."""
+        q = self.serializer.scales(batch["context"].cpu())
+        rows = self._context_tokens(batch["context"], q)
+        if self.arch == "t5":
+            rows = [(ids + [self.token_map.eos_id], real + [False]) for ids, real in rows]
+        return self._pad(rows, left=True), q
+
+    def encode_training(self, batch: Batch) -> Encoded | tuple[Encoded, Encoded]:
+        """GPT-2: one sequence, context then target, labels on the target's tokens (missing
+        values' tokens ignored). T5: the context for the encoder and the target as labels."""
+        q = self.serializer.scales(batch["context"].cpu())
+        context = self._context_tokens(batch["context"], q)
+        target = self._target_tokens(batch["target"], q)
+        if self.arch == "t5":
+            rows = [(ids + [self.token_map.eos_id], real + [False]) for ids, real in context]
+            decoder = self._pad(target, left=False)
+            labels = decoder.ids.masked_fill(~decoder.real, IGNORE_INDEX)
+            decoder.labels = labels
+            return self._pad(rows, left=True), decoder
+        joined = [
+            (c + t, cr + [False] * len(t)) for (c, cr), (t, _) in zip(context, target, strict=True)
+        ]
+        encoded = self._pad(joined, left=True)
+        labels = torch.full_like(encoded.ids, IGNORE_INDEX)
+        for row, (tokens, flags) in enumerate(target):
+            start = encoded.ids.shape[1] - len(tokens)
+            label = torch.tensor(tokens, device=labels.device)
+            observed = torch.tensor(flags, device=labels.device)
+            labels[row, start:] = label.masked_fill(~observed, IGNORE_INDEX)
+        encoded.labels = labels
+        return encoded
+
+    # ----- objective and forecasts ---------------------------------------------------------
+
+    def loss(self, batch: Batch) -> Tensor:
+        encoded = self.encode_training(batch)
+        if self.arch == "t5":
+            encoder, decoder = encoded
+            return self.lm(
+                inputs_embeds=self.embed_tap(self.lm.get_input_embeddings()(encoder.ids)),
+                attention_mask=encoder.attention,
+                labels=decoder.labels,
+            ).loss
+        return self.lm(
+            input_ids=encoded.ids,
+            attention_mask=encoded.attention,
+            position_ids=positions(encoded.attention),
+            labels=encoded.labels,
+        ).loss
+
+    def probe_forward(self, batch: Batch) -> None:
+        """GPT-2 reads the context only (the prompt a forecast starts from); T5 runs as in the
+        loss, its decoder reading the target (teacher forcing)."""
+        if self.arch == "t5":
+            self.loss(batch)
+            return
+        encoded, _ = self.encode_context(batch)
+        self.lm.transformer(
+            input_ids=encoded.ids,
+            attention_mask=encoded.attention,
+            position_ids=positions(encoded.attention),
+        )
+
+    def generation_inputs(self, batch: Batch) -> tuple[dict[str, Any], Tensor]:
+        """The keyword arguments of ``self.lm.generate`` for ``batch`` and the scales."""
+        encoded, q = self.encode_context(batch)
+        horizon = self.prediction_length
+        config = GenerationConfig(
+            do_sample=True,
+            max_new_tokens=horizon * self._value_tokens,
+            num_return_sequences=self.num_samples,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            pad_token_id=self.token_map.pad_id,
+            eos_token_id=None,
+            bos_token_id=None,
+            decoder_start_token_id=self.token_map.pad_id if self.arch == "t5" else None,
+        )
+        grammar = NumberGrammar(self.token_map, self.serializer.max_digits)
+        stop = StopAfterValues(self._comma_id, horizon, encoded.ids.shape[1], self.arch == "t5")
+        kwargs = {
+            "input_ids": encoded.ids,
+            "attention_mask": encoded.attention,
+            "generation_config": config,
+            "logits_processor": LogitsProcessorList([grammar]),
+            "stopping_criteria": StoppingCriteriaList([stop]),
+        }
+        return kwargs, q
+
+    def read_samples(self, generated: Tensor, prompt_length: int, q: Tensor) -> Tensor:
+        """[B, S, H] samples in the batch's scale from generated ids [B S, L]; a value that
+        cannot be read is NaN and counted in ``unreadable_values``."""
+        new = generated[:, prompt_length:].cpu().tolist()
+        rows, unreadable = [], 0
+        for ids in new:
+            values, bad = self.serializer.parse(self.token_map.symbols(ids), self.prediction_length)
+            rows.append(values)
+            unreadable += bad
+        if unreadable:
+            log.warning("LLM forecast: %d sampled values could not be read (NaN)", unreadable)
+        self.unreadable_values += unreadable
+        samples = torch.tensor(rows, dtype=torch.float64).view(len(q), self.num_samples, -1)
+        return (samples * q.view(-1, 1, 1)).to(torch.float32).to(self.device)
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        kwargs, q = self.generation_inputs(batch)
+        generated = self.lm.generate(**kwargs)
+        prompt = 1 if self.arch == "t5" else kwargs["input_ids"].shape[1]
+        samples = self.read_samples(generated, prompt, q)
+        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
+        quantiles = torch.nanquantile(samples, levels, dim=1).permute(1, 0, 2)
+        median = torch.nanquantile(samples, 0.5, dim=1)
+        fallback = last_observed(batch["context"]).view(-1, 1).to(samples)
+        quantiles = torch.where(quantiles.isnan(), fallback.unsqueeze(1), quantiles)
+        median = torch.where(median.isnan(), fallback, median)
+        return Forecast(quantiles, self.quantile_levels, median, samples)
+
+    # ----- probe contract ------------------------------------------------------------------
+
+    def _stacks(self) -> dict[str, nn.ModuleList]:
+        if self.arch == "gpt2":
+            return {"decoder": self.lm.transformer.h}
+        return {"encoder": self.lm.encoder.block, "decoder": self.lm.decoder.block}
+
+    def _self_attention(self, block: nn.Module) -> nn.Module:
+        return block.attn if self.arch == "gpt2" else block.layer[0].SelfAttention
+
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        """``embed`` (GPT-2: token plus position embeddings, the dropout's output; T5: the
+        encoder's input embeddings), ``encoder.<i>`` / ``decoder.<i>`` the blocks; at site
+        ``attention`` each block's self-attention output after ``c_proj`` / ``o``."""
+        check_probe_site(site)
+        stacks = self._stacks()
+        if site == "attention":
+            return {
+                f"{stack}.{i}.attn": self._self_attention(block)
+                for stack, blocks in stacks.items()
+                for i, block in enumerate(blocks)
+            }
+        embed = self.lm.transformer.drop if self.arch == "gpt2" else self.embed_tap
+        layers: dict[str, nn.Module] = {"embed": embed}
+        for stack, blocks in stacks.items():
+            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
+        return layers
+
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Real tokens are those of observed values: their digits, sign and the ``,`` after
+        them; not padding, EOS, nor a missing value's ``NaN`` and separator. GPT-2 and T5's
+        encoder read the context; T5's decoder positions are real where their input is an
+        observed target token (teacher forcing; not the start token)."""
+        if self.arch == "t5":
+            encoder, decoder = self.encode_training(batch)
+            encoder_mask = encoder.real
+            start = torch.zeros_like(decoder.real[:, :1])
+            decoder_mask = torch.cat([start, decoder.real[:, :-1]], dim=1)
+        else:
+            encoder_mask = decoder_mask = self.encode_context(batch)[0].real
+        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        masks = {}
+        for name in layers:
+            if name not in known:
+                raise KeyError(f"unknown LLM layer {name!r}; known: {known}")
+            reads_target = self.arch == "t5" and name.startswith("decoder.")
+            masks[name] = decoder_mask if reads_target else encoder_mask
+        return masks
+
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """GPT-2: ``c_attn`` is a Conv1D whose weight is ``[in, 3 out]`` (``y = x @ W``): q, k, v
+        are transposed views of its thirds, o of ``c_proj``'s weight. T5: q, k, v, o as they are."""
+        weights = {}
+        for stack, blocks in self._stacks().items():
+            for i, block in enumerate(blocks):
+                attention = self._self_attention(block)
+                if self.arch == "gpt2":
+                    q, k, v = attention.c_attn.weight.split(attention.embed_dim, dim=1)
+                    parts = {"q": q.T, "k": k.T, "v": v.T, "o": attention.c_proj.weight.T}
+                else:
+                    parts = {p: getattr(attention, p).weight for p in ATTENTION_PROJECTIONS}
+                weights[f"{stack}.{i}"] = parts
+        return weights
+
+    # ----- checkpoints and memory ----------------------------------------------------------
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """A Hugging Face directory: the model (``save_pretrained``, config.json recording the
+        serialisation) and the tokenizer (isoprobe's vocabulary file, or the hub tokenizer's
+        files)."""
+        setattr(self.lm.config, SERIALIZER_KEY, dataclasses.asdict(self.serializer))
+        copy.deepcopy(self.lm).to(getattr(torch, dtype)).save_pretrained(directory)
+        if isinstance(self.vocabulary, CharVocabulary):
+            path = Path(directory) / CharVocabulary.FILE
+            path.write_text(json.dumps({"tokens": self.vocabulary.tokens}, indent=2))
+        else:
+            self.vocabulary.save_pretrained(directory)
+
+    def _sequence_lengths(self) -> tuple[int, int]:
+        """Upper bounds of the context's and the target's tokens."""
+        context = self.context_length * self._value_tokens
+        budget = self._context_budget()
+        return (context if budget is None else min(context, budget)), (
+            self.prediction_length * self._value_tokens
+        )
+
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments, and per
+        layer the attention tensors kept for backward (3 x B x heads x L^2) and the hidden
+        activations (~ B x L x 16 d_model, the 4x MLP included) over the token upper bounds."""
+        context, target = self._sequence_lengths()
+        config = self.lm.config
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        if self.arch == "gpt2":
+            length, heads, width = context + target, config.n_head, config.n_embd
+            per_layer = 3 * heads * length**2 + length * 16 * width
+            activations = config.n_layer * per_layer + length * config.vocab_size
+        else:
+            heads, width = config.num_heads, config.d_model
+            encoder = 3 * heads * context**2 + context * (8 * width + 2 * config.d_ff)
+            decoder = 3 * heads * (target**2 + target * context) + target * (
+                10 * width + 2 * config.d_ff
+            )
+            activations = config.num_layers * encoder + config.num_decoder_layers * decoder
+        return 4 * (batch_size * activations + weights)
+
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of sampled forecasting: the weights, the prompt's attention scores and
+        softmax (2 x B x heads x L^2) and the key/value cache of B x num_samples sequences
+        (2 x layers x L x d_model each)."""
+        context, target = self._sequence_lengths()
+        config = self.lm.config
+        sequences = batch_size * self.num_samples
+        if self.arch == "gpt2":
+            heads, width, layers = config.n_head, config.n_embd, config.n_layer
+            prompt = 2 * batch_size * heads * context**2
+            cache = sequences * 2 * layers * (context + target) * width
+        else:
+            heads, width, layers = config.num_heads, config.d_model, config.num_decoder_layers
+            prompt = 2 * batch_size * heads * context**2
+            cache = sequences * 2 * layers * (context + target) * width
+        return 4 * (prompt + cache + sum(p.numel() for p in self.parameters()))
+
+
+def positions(attention: Tensor) -> Tensor:
+    """Position ids of left-padded rows (0 at the first real token), as ``generate`` makes them."""
+    return (attention.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_observed(context: Tensor) -> Tensor:
+    """[B] each window's last observed value (0 where none is)."""
+    observed = ~context.isnan()
+    index = torch.where(observed, torch.arange(context.shape[1], device=context.device), -1)
+    last = index.max(dim=1).values
+    value = context.gather(1, last.clamp(min=0).view(-1, 1)).squeeze(1)
+    return torch.where(last >= 0, value, torch.zeros_like(value))
+
+
+class NumberGrammar(LogitsProcessor):
+    """Sampling constrained to well-formed values: after ``,`` (or the decoder start) a digit or
+    ``-``; after ``-`` a digit; after a digit another digit (fewer than ``max_digits`` in a row)
+    or ``,``. Every other token's score is -inf, so every sample reads back."""
+
+    def __init__(self, token_map: TokenMap, max_digits: int) -> None:
+        ids = token_map.symbol_ids
+        self.digits = torch.tensor([ids[d][0] for d in DIGITS])
+        self.comma, self.minus = ids[COMMA][0], ids[MINUS][0]
+        self.max_digits = max_digits
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        digits = self.digits.to(input_ids.device)
+        is_digit = torch.isin(input_ids[:, -self.max_digits :], digits)
+        run = is_digit.flip(1).long().cumprod(1).sum(1)  # trailing digits
+        last = input_ids[:, -1]
+        allowed = torch.zeros_like(scores, dtype=torch.bool)
+        after_digit = run > 0
+        allowed[:, digits] = (~after_digit | (run < self.max_digits)).unsqueeze(1)
+        allowed[:, self.comma] = after_digit
+        allowed[:, self.minus] = ~after_digit & (last != self.minus)
+        return scores.masked_fill(~allowed, -math.inf)
+
+
+class StopAfterValues(StoppingCriteria):
+    """A sequence is done once it has written ``steps`` separators after the prompt."""
+
+    def __init__(self, comma: int, steps: int, prompt_length: int, seq2seq: bool) -> None:
+        self.comma, self.steps = comma, steps
+        self.start = 1 if seq2seq else prompt_length
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
+        return (input_ids[:, self.start :] == self.comma).sum(1) >= self.steps
+
+
+def _load(
+    resolved: ResolvedCheckpoint,
+    arch: str,
+    scratch: dict[str, Any] | None,
+    serializer: Serializer,
+) -> tuple[PreTrainedModel, Any, TokenMap]:
+    """The model, its vocabulary (isoprobe's or the hub tokenizer) and the symbol map."""
+    model_class = ARCHITECTURES[arch]
+    if resolved.kind == "scratch":
+        vocabulary = CharVocabulary()
+        token_map = TokenMap.from_vocabulary(vocabulary)
+        special = {"pad_token_id": token_map.pad_id, "eos_token_id": token_map.eos_id}
+        if arch == "gpt2":
+            config = GPT2Config(**scratch, vocab_size=len(vocabulary), bos_token_id=None, **special)
+        else:
+            config = T5Config(
+                **scratch, vocab_size=len(vocabulary), decoder_start_token_id=0, **special
+            )
+        setattr(config, SERIALIZER_KEY, dataclasses.asdict(serializer))
+        return model_class(config), vocabulary, token_map
+    source = resolved.location
+    config = AutoConfig.from_pretrained(source)
+    if config.model_type != arch:
+        raise CheckpointError(
+            f"{source} holds a {config.model_type!r} model but model.arch={arch}: set "
+            f"model.arch={config.model_type} if it is gpt2 or t5, or pick a {arch} checkpoint."
+        )
+    vocabulary, token_map = _vocabulary(source)
+    if resolved.kind != "hub":
+        _check_shapes(Path(source), model_class(config))
+    try:
+        model, info = model_class.from_pretrained(
+            source, dtype=torch.float32, output_loading_info=True
+        )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
+        ) from err
+    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
+    if missing or info["unexpected_keys"]:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: missing {missing[:3]}, "
+            f"unexpected {sorted(info['unexpected_keys'])[:3]}. Re-export the model."
+        )
+    vocab_rows = model.get_input_embeddings().weight.shape[0]
+    largest = max(max(ids) for ids in token_map.symbol_ids.values())
+    if largest >= vocab_rows:
+        raise CheckpointError(
+            f"the tokenizer in {source} uses token id {largest}, but the model's embedding has "
+            f"{vocab_rows} rows: tokenizer and weights belong to different checkpoints."
+        )
+    # from_pretrained returns eval mode; fine-tuning needs dropout
+    return model.train(), vocabulary, token_map
+
+
+def _vocabulary(source: str) -> tuple[Any, TokenMap]:
+    """isoprobe's character vocabulary when the directory has its file, else the hub
+    tokenizer (GPT-2's BPE, T5's SentencePiece) through AutoTokenizer."""
+    path = Path(source) / CharVocabulary.FILE
+    if path.is_file():
+        vocabulary = CharVocabulary(json.loads(path.read_text())["tokens"])
+        return vocabulary, TokenMap.from_vocabulary(vocabulary)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{source} has no tokenizer: neither isoprobe's {CharVocabulary.FILE} nor Hugging "
+            f"Face tokenizer files ({err}). Save the tokenizer next to the weights."
+        ) from err
+    try:
+        return tokenizer, TokenMap.from_tokenizer(tokenizer, source)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
+
+
+def _check_shapes(directory: Path, model: PreTrainedModel) -> None:
+    """Name the first tensor whose shape in ``model.safetensors`` differs from the model that
+    ``config.json`` describes (transformers would only say that loading failed)."""
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        return
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    try:
+        with safe_open(str(weights), framework="pt") as file:
+            for name in file.keys():
+                found = tuple(file.get_slice(name).get_shape())
+                if name in expected and expected[name] != found:
+                    raise CheckpointError(
+                        f"the tensor {name} in {weights} has shape {found}, but config.json "
+                        f"describes {expected[name]}: the weights belong to another shape. "
+                        "Re-export the model or fix config.json."
+                    )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {directory} cannot be read ({err}): it is truncated or corrupt."
+        ) from err
