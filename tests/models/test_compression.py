@@ -218,3 +218,14 @@ def test_depth_scaled_thresholds_compress_early_blocks_harder(tmp_path):
         values = [thresholds[f"{stack}.{i}"] for i in range(4)]
         assert values == pytest.approx([0.08, 0.04, 0.02, 0.01])
     assert set(depth_scaled_eps(model, 0.01, 1.0).values()) == {0.01}
+
+
+def test_projections_split_from_a_fused_matrix_are_reported_not_replaced(tmp_path):
+    cfg = compose_config(tmp_path, ["model=llm", "model.checkpoint=scratch"])
+    windows = SimpleNamespace(context_length=32, prediction_length=8, season_length=1, freq="h")
+    model = build_model(cfg.model, windows)
+    before = {name: type(m) for name, m in model.named_modules()}
+    reports = compress_attention(model, 0.5)
+    # GPT-2's c_attn holds q, k and v in one matrix; c_proj (o) is a Conv1D, not an nn.Linear
+    assert {r.status for r in reports} == {"fused"}
+    assert {name: type(m) for name, m in model.named_modules()} == before
