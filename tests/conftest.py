@@ -44,10 +44,14 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_layers=2",
         "model.sizes.mini.num_decoder_layers=2",
     ],
-    "chronos2": [],
+    "chronos2": [
+        "model.sizes.mini.d_model=32",
+        "model.sizes.mini.d_ff=64",
+        "model.sizes.mini.num_layers=2",
+    ],
     "patchtst": ["model.sizes.paper.d_model=16", "model.sizes.paper.ffn_dim=32"],
     "moirai": ["model.num_samples=20", "model.sizes.mini.num_layers=2"],
-    "lag_llama": [],
+    "lag_llama": ["model.num_samples=4", "model.sizes.mini.n_layer=2", "model.sizes.mini.n_head=2"],
     "timesfm": [
         "model.sizes.mini.num_hidden_layers=2",
         "model.sizes.mini.hidden_size=32",
