@@ -1,0 +1,358 @@
+"""Chronos-2 (Ansari et al., 2025; chronos-forecasting) as a :class:`ForecastModule`.
+
+The model is chronos-forecasting's own ``Chronos2Model``, an encoder-only transformer: the
+context is standardised per window (mean and standard deviation of its observed values,
+optionally through arcsinh), cut into ``input_patch_size``-step patches (left-padded with NaN
+to a whole patch), each patch with its time index and observed-mask embedded by a residual MLP;
+a [REG] token follows when the config says so, then one placeholder patch per output patch
+(time index only). Every block applies time self-attention (RoPE, along the sequence), group
+self-attention (across the series of one group, at each position) and a feed-forward layer;
+the placeholders' final states give ``len(quantiles) x output_patch_size`` values each.
+
+Groups: isoprobe gives every window its own group (``group_ids = arange(B)``, the model's own
+default), so group attention never mixes windows: a window's representation does not depend on
+which other windows share its batch. Training uses the model's own forward with a target: the
+quantile loss. Forecasts are one direct pass for the whole horizon, as
+``Chronos2Pipeline.predict`` does for a horizon within the model's ``max_output_patches``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from torch import Tensor, nn
+from transformers import AutoConfig
+
+from isoprobe.models.base import (
+    ATTENTION_PROJECTIONS,
+    Batch,
+    Forecast,
+    ForecastModule,
+    check_probe_site,
+)
+from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.quantiles import interpolation_matrix
+
+try:
+    from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
+except ImportError as err:  # chronos-forecasting missing, or older than Chronos-2
+    raise ImportError(
+        f"model=chronos2 needs chronos-forecasting's Chronos2Model ({err}). "
+        "Install it with pip install 'chronos-forecasting>=2.1,<3'"
+    ) from err
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "Chronos2Model"
+#: config fields every Chronos-2 config.json has, added to a scratch size
+CHRONOS2_FIELDS = {
+    "architectures": [ARCHITECTURE],
+    "chronos_pipeline_class": "Chronos2Pipeline",
+    "feed_forward_proj": "relu",
+}
+
+
+class Chronos2Module(ForecastModule):
+    """Chronos-2 fine-tuning/pretraining wrapper.
+
+    Args:
+        checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local HF directory | a hub id.
+        hub_id: the official checkpoint ``auto`` prefers when it is cached or reachable.
+        bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
+        size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
+        sizes: named ``Chronos2CoreConfig`` fields with a ``chronos_config``
+            (``Chronos2ForecastingConfig`` fields), as in the official config.json.
+        **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str = "auto",
+        hub_id: str = "amazon/chronos-2",
+        bundled_name: str = "chronos-2-mini",
+        size: str = "mini",
+        sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        **base: Any,
+    ) -> None:
+        super().__init__(**base)
+        self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
+        self.model = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        config = self.model.chronos_config
+        if self.context_length > config.context_length:
+            log.warning(
+                "data.context_length=%d is longer than this Chronos-2 checkpoint's context of %d "
+                "steps: like the official model, only the last %d steps are read.",
+                self.context_length,
+                config.context_length,
+                config.context_length,
+            )
+        if self._output_patches() > config.max_output_patches:
+            raise ValueError(
+                f"data.prediction_length={self.prediction_length} needs "
+                f"{self._output_patches()} output patches of {config.output_patch_size} steps, "
+                f"more than this Chronos-2 checkpoint's max_output_patches="
+                f"{config.max_output_patches}: shorten the horizon, or use a size whose "
+                "chronos_config.max_output_patches covers it."
+            )
+        grid = tuple(float(q) for q in config.quantiles)
+        if 0.5 not in grid:
+            raise CheckpointError(f"Chronos-2 quantiles {grid} lack the median 0.5")
+        outside = [q for q in self.quantile_levels if not grid[0] <= q <= grid[-1]]
+        if outside:
+            log.warning(
+                "quantile levels %s lie outside Chronos-2's %s: they take the nearest end.",
+                outside,
+                grid,
+            )
+        self.register_buffer(
+            "level_weights", interpolation_matrix(self.quantile_levels, grid), persistent=False
+        )
+        self.median_index = grid.index(0.5)
+        self._install_taps()
+        log.info("Chronos-2 weights: %s", self.resolved_checkpoint.describe())
+
+    def _install_taps(self) -> None:
+        """Identity modules of the wrapper's own (the official weights' names stay as they
+        are) through which forward pre-hooks route the representations the probe reads, since
+        the blocks and attention layers return ModelOutputs rather than tensors:
+
+        - ``embed_tap``: the encoder's ``inputs_embeds`` (context patches, REG, placeholders);
+        - ``block_taps[i]``: block i's hidden states, as the input of block i + 1 (of the final
+          layer norm after the last block);
+        - ``attention_taps[i]``: block i's time self-attention output after its ``o``
+          projection, as the input of the dropout before the residual add.
+        """
+        encoder = self.model.encoder
+        blocks = encoder.block
+        self.embed_tap = nn.Identity()
+        self.block_taps = nn.ModuleList(nn.Identity() for _ in blocks)
+        self.attention_taps = nn.ModuleList(nn.Identity() for _ in blocks)
+        encoder.register_forward_pre_hook(
+            functools.partial(_embeds_through, self.embed_tap), with_kwargs=True
+        )
+        readers = [*blocks[1:], encoder.final_layer_norm]
+        for i, block in enumerate(blocks):
+            readers[i].register_forward_pre_hook(
+                functools.partial(_first_argument_through, self.block_taps[i])
+            )
+            block.layer[0].dropout.register_forward_pre_hook(
+                functools.partial(_first_argument_through, self.attention_taps[i])
+            )
+
+    # ----------------------------------------------------------------- inputs
+    def _output_patches(self) -> int:
+        return math.ceil(self.prediction_length / self.model.chronos_config.output_patch_size)
+
+    def _window(self, context: Tensor) -> Tensor:
+        """The last ``context_length`` steps of the model's config (what the model reads)."""
+        return context[:, -self.model.chronos_config.context_length :]
+
+    def _groups(self, context: Tensor) -> Tensor:
+        """Every window its own group: group attention mixes nothing across windows."""
+        return torch.arange(context.shape[0], device=context.device)
+
+    def _patch_observed(self, context: Tensor) -> Tensor:
+        """[B, P] True where a context patch holds at least one observed value (the model's
+        own rule for its attention mask), patched by the model's own ``patch`` module."""
+        observed = (~self._window(context).isnan()).to(context.dtype)
+        return self.model.patch(observed).nan_to_num(0.0).sum(dim=-1) > 0
+
+    # ----------------------------------------------------------------- the contract
+    def loss(self, batch: Batch) -> Tensor:
+        """The model's own quantile loss (its forward with ``future_target``): in the window's
+        standardised scale, ``2 |(y - q_l)(1[y <= q_l] - l)|``, averaged over the horizon
+        (missing steps count zero), summed over the model's levels, averaged over the batch."""
+        context = self._window(batch["context"])
+        return self.model(
+            context=context,
+            group_ids=self._groups(context),
+            num_output_patches=self._output_patches(),
+            future_target=batch["target"],
+        ).loss
+
+    def _heads(self, context: Tensor) -> Tensor:
+        """[B, Q, prediction_length] at the model's own quantile levels."""
+        context = self._window(context)
+        prediction = self.model(
+            context=context,
+            group_ids=self._groups(context),
+            num_output_patches=self._output_patches(),
+        ).quantile_preds
+        return prediction[..., : self.prediction_length]
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        """Quantiles at ``self.quantile_levels``: the model's quantiles sorted per step (the
+        monotone rearrangement; nothing changes where the heads do not cross), then linearly
+        interpolated between its levels, as ``Chronos2Pipeline.predict_quantiles``; the median
+        is the model's 0.5 level (the pipeline's point forecast)."""
+        heads = self._heads(batch["context"]).sort(dim=1).values
+        quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
+        return Forecast(quantiles, self.quantile_levels, heads[:, self.median_index])
+
+    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        """``embed``: the encoder's input embeddings [B, P + REG + N, D] (context patches, REG,
+        future placeholders); ``encoder.<i>``: block i's output (after time attention, group
+        attention and feed-forward); ``encoder.<i>.attn``: block i's time self-attention after
+        its ``o`` projection, before dropout and the residual add. All are identity taps
+        (:meth:`_install_taps`). Group attention is not a probe site: with one window per
+        group it attends only to the same position of the same window."""
+        check_probe_site(site)
+        if site == "attention":
+            return {f"encoder.{i}.attn": tap for i, tap in enumerate(self.attention_taps)}
+        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
+        layers.update({f"encoder.{i}": tap for i, tap in enumerate(self.block_taps)})
+        return layers
+
+    def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Real tokens, from the context patched once: ``embed`` and every block
+        [B, P + REG + N] keep the context patches that hold an observed value (not all-missing
+        patches such as left padding); never REG, never the N future placeholder patches."""
+        patches = self._patch_observed(batch["context"])
+        special = int(self.model.chronos_config.use_reg_token) + self._output_patches()
+        encoder = torch.cat([patches, patches.new_zeros(patches.shape[0], special)], dim=1)
+        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        masks = {}
+        for name in layers:
+            if name not in known:
+                raise KeyError(f"unknown Chronos-2 layer {name!r}; known: {known}")
+            masks[name] = encoder
+        return masks
+
+    def attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Every block's time self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and
+        ``o`` (``[d_model, H d_kv]``); the projections have no bias."""
+        return {
+            f"encoder.{i}": {
+                part: getattr(block.layer[0].self_attention, part).weight
+                for part in ATTENTION_PROJECTIONS
+            }
+            for i, block in enumerate(self.model.encoder.block)
+        }
+
+    def export(self, directory: str, dtype: str = "float32") -> None:
+        """``Chronos2Model.save_pretrained``: the official format (config.json with
+        ``chronos_config``), which ``checkpoint=<directory>`` and ``Chronos2Pipeline`` load.
+        ``dtype="float16"`` halves the file; loading casts back to float32."""
+        export = copy.deepcopy(self.model).to(getattr(torch, dtype))
+        export.save_pretrained(directory, safe_serialization=True)
+
+    # ----------------------------------------------------------------- memory
+    def _tokens(self) -> int:
+        """Encoder positions of a window: its patches, REG, the output placeholders."""
+        config = self.model.chronos_config
+        length = min(self.context_length, config.context_length)
+        patches = math.ceil(length / config.input_patch_size)
+        return patches + int(config.use_reg_token) + self._output_patches()
+
+    def _layer_floats(self, batch_size: int, kept: int) -> int:
+        """Floats one encoder layer keeps for ``batch_size`` windows: ``kept`` copies of the
+        time attention's scores (heads x N^2 per window) and of the group attention's
+        (heads x B per position and window), and the hidden values (~ N x (8 d_model + 2 d_ff))."""
+        config, tokens = self.model.config, self._tokens()
+        time = config.num_heads * tokens**2
+        group = config.num_heads * tokens * batch_size
+        hidden = tokens * (8 * config.d_model + 2 * config.d_ff)
+        return batch_size * (kept * (time + group) + hidden)
+
+    def training_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
+        copies), and per encoder layer the attention tensors kept for backward (scores,
+        softmax, dropout output: 3 copies) and hidden values; the patch embeddings
+        (N x (3 patch + d_ff + d_model)) per window."""
+        config, chronos = self.model.config, self.model.chronos_config
+        layers = config.num_layers * self._layer_floats(batch_size, kept=3)
+        embed = batch_size * self._tokens() * (3 * chronos.input_patch_size + config.d_ff)
+        weights = 4 * sum(p.numel() for p in self.parameters())
+        return 4 * (layers + embed + weights)
+
+    def forecast_memory_bytes(self, batch_size: int) -> int:
+        """Float32 bytes of a forecast: the weights and one encoder layer's attention scores
+        and probabilities (2 copies) and hidden values."""
+        weights = sum(p.numel() for p in self.parameters())
+        return 4 * (self._layer_floats(batch_size, kept=2) + weights)
+
+
+def _embeds_through(tap: nn.Module, _encoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of ``Chronos2Encoder``: its ``inputs_embeds`` through ``tap``."""
+    return args, {**kwargs, "inputs_embeds": tap(kwargs["inputs_embeds"])}
+
+
+def _first_argument_through(tap: nn.Module, _module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: the module's first positional input through ``tap``."""
+    return (tap(args[0]), *args[1:])
+
+
+def _scratch_fields(
+    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
+) -> Mapping[str, Any] | None:
+    if sizes is None:
+        return None
+    if size not in sizes:
+        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
+    return sizes[size]
+
+
+def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Chronos2Model:
+    if resolved.kind == "scratch":
+        if scratch is None:
+            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
+        fields = {**CHRONOS2_FIELDS, **copy.deepcopy(dict(scratch))}
+        fields["chronos_config"] = dict(fields["chronos_config"])
+        return Chronos2Model(Chronos2CoreConfig(**fields))
+    source = resolved.location
+    config = AutoConfig.from_pretrained(source)
+    _check_config(config, source)
+    try:
+        model, info = Chronos2Model.from_pretrained(
+            source, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
+            "Copy or export the checkpoint again."
+        ) from err
+    _check_weights_fit(info, source)
+    # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
+    # otherwise run without dropout
+    return model.train()
+
+
+def _check_config(config: Any, source: str) -> None:
+    """Refuse a config that is not Chronos-2's, naming what it is instead."""
+    architectures = getattr(config, "architectures", None) or []
+    if ARCHITECTURE not in architectures or getattr(config, "chronos_config", None) is None:
+        found = architectures[0] if architectures else f"model_type={config.model_type!r}"
+        raise CheckpointError(
+            f"{source} is not a Chronos-2 checkpoint ({found}); model=chronos2 loads "
+            f"{ARCHITECTURE} checkpoints such as amazon/chronos-2 (Chronos-T5: model=chronos, "
+            "Chronos-Bolt: model=chronos_bolt)."
+        )
+
+
+def _check_weights_fit(info: Mapping[str, Any], source: str) -> None:
+    """Every tensor of the architecture is in the file with its shape, and nothing else is
+    (transformers only warns, and initialises what is missing or mismatched at random)."""
+    mismatched = sorted(info["mismatched_keys"])
+    if mismatched:
+        name, found, expected = mismatched[0]
+        raise CheckpointError(
+            f"the weights in {source} do not fit its config.json: {name} has shape "
+            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
+            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
+            "checkpoint; re-export the model."
+        )
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: {len(missing)} weights "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            "The config was edited or belongs to another checkpoint; re-export the model."
+        )
