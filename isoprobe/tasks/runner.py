@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -45,14 +46,21 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     kwargs.pop("name", None)
     low_rank = kwargs.pop("low_rank", None) or {}
-    model = instantiate(
-        kwargs,
-        context_length=datamodule.context_length,
-        prediction_length=datamodule.prediction_length,
-        season_length=datamodule.season_length,
-        freq=datamodule.freq,
-        _convert_="all",
-    )
+    try:
+        model = instantiate(
+            kwargs,
+            context_length=datamodule.context_length,
+            prediction_length=datamodule.prediction_length,
+            season_length=datamodule.season_length,
+            freq=datamodule.freq,
+            _convert_="all",
+        )
+    except InstantiationException as err:
+        # the model's own error (a checkpoint that does not fit, a missing extra) says what to
+        # do; Hydra's wrapper would bury it in a repr
+        if err.__cause__ is None:
+            raise
+        raise err.__cause__ from None
     saved = None
     if model.resolved_checkpoint.kind == "path":
         saved = apply_saved_compression(model, model.resolved_checkpoint.location)
