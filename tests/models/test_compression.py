@@ -25,7 +25,7 @@ from isoprobe.models.compression import (
 from isoprobe.tasks import run_task
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
-from tests.models.test_contract import make_batch
+from tests.models.test_contract import MODELS, build, make_batch, seeded_forecast
 
 SPECTRUM = torch.tensor([10.0, 5.0, 1.0, 1e-2, 1e-3, 1e-4] + [0.0] * 26, dtype=torch.float64)
 
@@ -229,3 +229,21 @@ def test_projections_split_from_a_fused_matrix_are_reported_not_replaced(tmp_pat
     # GPT-2's c_attn holds q, k and v in one matrix; c_proj (o) is a Conv1D, not an nn.Linear
     assert {r.status for r in reports} == {"fused"}
     assert {name: type(m) for name, m in model.named_modules()} == before
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_compresses_and_reloads_with_identical_forecasts(tmp_path, name):
+    model = build(tmp_path, name)
+    reports = compress_attention(model, 0.5)
+    statuses = {r.status for r in reports}
+    # fused projections (GPT-2's c_attn) are reported and kept; every other one is factored
+    assert "factored" in statuses or statuses == {"fused"}, statuses
+    for r in reports:
+        if r.status == "factored":
+            assert isinstance(model.get_submodule(r.module), FactoredLinear), r.module
+    export = tmp_path / "compressed"
+    export_compressed(model, reports, str(export))
+    reloaded = build(tmp_path, name, checkpoint=str(export))
+    batch = make_batch()
+    expected, got = seeded_forecast(model, batch), seeded_forecast(reloaded, batch)
+    torch.testing.assert_close(got.quantiles, expected.quantiles, rtol=0, atol=1e-6)
