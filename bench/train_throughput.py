@@ -11,7 +11,15 @@ from the end of the warm-up to the end of the last step (data loading included).
 alternate for ``--rounds`` rounds and the best of each is reported, so that a burst of other
 load on the machine does not decide the ratio.
 
-Run: ``.venv/bin/python bench/train_throughput.py [--steps 8 --warmup 2 --rounds 2]``.
+Chronos-2: the reference is the official fine-tuning entry point, ``Chronos2Pipeline.fit``
+(its ``Chronos2Dataset`` batches in the data loader, a ``transformers`` Trainer); isoprobe is
+``Chronos2Module`` in Lightning. Same shape (the bundled ``mini``: d_model 128, 4 layers), same
+random init, the same KernelSynth windows (each given to ``fit`` as a 576-step series with
+``min_past=512``, so it cuts exactly that window), batch 32, AdamW (``optim="adamw_torch"`` for
+the reference, torch's AdamW for isoprobe), learning rate 1e-3.
+
+Run: ``.venv/bin/python bench/train_throughput.py [--models chronos chronos2 --steps 8
+--warmup 2 --rounds 2]``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CHRONOS2_SHAPE = ["model.checkpoint=scratch", "model.size=mini"]
 SHAPE = [
     "model.checkpoint=scratch",
     "model.scratch_t5.d_model=256",
@@ -100,13 +109,13 @@ class TokenisedWindows(Dataset):
         return {"input_ids": ids[0], "attention_mask": mask[0], "labels": labels[0]}
 
 
-def build(out: str):
+def build(out: str, model: str = "chronos", shape: list[str] = SHAPE):
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
             "config",
             overrides=[
-                "model=chronos",
-                *SHAPE,
+                f"model={model}",
+                *shape,
                 *DATA,
                 f"model.optimizer.lr={LR}",
                 "model.optimizer.weight_decay=0.0",
@@ -120,9 +129,7 @@ def build(out: str):
     return cfg, datamodule
 
 
-def isoprobe_throughput(cfg, datamodule, state: dict, steps: int, warmup: int) -> float:
-    model = build_model(cfg.model, datamodule)
-    model.t5.load_state_dict(state)
+def isoprobe_throughput(model, datamodule, steps: int, warmup: int) -> float:
     clock = LightningClock()
     trainer = L.Trainer(
         accelerator="cpu",
@@ -139,9 +146,8 @@ def isoprobe_throughput(cfg, datamodule, state: dict, steps: int, warmup: int) -
     return clock.samples_per_second(warmup, datamodule.batch_size)
 
 
-def reference_throughput(cfg, datamodule, state: dict, steps: int, warmup: int, out: str):
-    model = build_model(cfg.model, datamodule)
-    model.t5.load_state_dict(state)
+def chronos_reference_throughput(model, datamodule, steps: int, warmup: int, out: str):
+    """A ``transformers.Trainer`` on the T5 inside ``model``, set up as chronos' script."""
     clock = HFClock()
     args = TrainingArguments(
         output_dir=out,
@@ -163,8 +169,63 @@ def reference_throughput(cfg, datamodule, state: dict, steps: int, warmup: int, 
     return clock.samples_per_second(warmup, datamodule.batch_size)
 
 
+def chronos2_reference_throughput(model, datamodule, steps: int, warmup: int, out: str):
+    """``Chronos2Pipeline.fit`` on the data module's training windows, each a whole series."""
+    from chronos.chronos2 import Chronos2Pipeline
+
+    windows = datamodule.train_dataset
+    series = [
+        torch.cat([windows[i]["context"], windows[i]["target"]])
+        for i in range(min(len(windows), 1024))
+    ]
+    clock = HFClock()
+    Chronos2Pipeline(model.model).fit(
+        series,
+        prediction_length=datamodule.prediction_length,
+        context_length=datamodule.context_length,
+        min_past=datamodule.context_length,
+        learning_rate=LR,
+        num_steps=steps + warmup,
+        batch_size=datamodule.batch_size,
+        output_dir=out,
+        callbacks=[clock],
+        remove_printer_callback=True,
+        optim="adamw_torch",
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
+    return clock.samples_per_second(warmup, datamodule.batch_size)
+
+
+def compare(name, shape, reference, weights, args, out) -> None:
+    """Alternate the reference and isoprobe ``args.rounds`` times from one random init."""
+    cfg, datamodule = build(out, name, shape)
+    init = {
+        k: v.clone() for k, v in weights(build_model(cfg.model, datamodule)).state_dict().items()
+    }
+
+    def fresh():
+        model = build_model(cfg.model, datamodule)
+        weights(model).load_state_dict(init)
+        return model
+
+    ref_runs, our_runs = [], []
+    for _ in range(args.rounds):
+        ref_runs.append(reference(fresh(), datamodule, args.steps, args.warmup, out))
+        our_runs.append(isoprobe_throughput(fresh(), datamodule, args.steps, args.warmup))
+    ref, ours = max(ref_runs), max(our_runs)
+    print(f"  reference: {ref:8.2f} samples/s")
+    print(f"  isoprobe:  {ours:8.2f} samples/s")
+    print(
+        f"  ratio isoprobe / reference: {ours / ref:.2f}x (target >= 1.0x); best of "
+        f"{args.rounds} alternating rounds, each: reference {ref_runs}, isoprobe {our_runs}; load "
+        f"average {os.getloadavg()[0]:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["chronos", "chronos2"])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
@@ -174,23 +235,25 @@ def main() -> None:
         f"{os.getloadavg()[0]:.2f}"
     )
     with tempfile.TemporaryDirectory() as out:
-        cfg, datamodule = build(out)
-        init = {k: v.clone() for k, v in build_model(cfg.model, datamodule).t5.state_dict().items()}
-        ref_runs, our_runs = [], []
-        for _ in range(args.rounds):
-            ref_runs.append(
-                reference_throughput(cfg, datamodule, init, args.steps, args.warmup, out)
+        if "chronos" in args.models:
+            print(
+                "Chronos-T5 (d_model 256, 4+4 layers, 4096 tokens, context 512, horizon 64, "
+                "batch 32); reference: transformers.Trainer in the chronos training set-up"
             )
-            our_runs.append(isoprobe_throughput(cfg, datamodule, init, args.steps, args.warmup))
-        ref, ours = max(ref_runs), max(our_runs)
-    print("Chronos-T5 (d_model 256, 4+4 layers, 4096 tokens, context 512, horizon 64, batch 32)")
-    print(f"  transformers.Trainer (chronos training set-up): {ref:8.2f} samples/s")
-    print(f"  isoprobe (Lightning, ChronosT5Module):         {ours:8.2f} samples/s")
-    print(
-        f"  ratio isoprobe / reference: {ours / ref:.2f}x (target >= 1.0x); best of "
-        f"{args.rounds} alternating rounds, each: reference {ref_runs}, isoprobe {our_runs}; load "
-        f"average {os.getloadavg()[0]:.2f}"
-    )
+            compare("chronos", SHAPE, chronos_reference_throughput, lambda m: m.t5, args, out)
+        if "chronos2" in args.models:
+            print(
+                "Chronos-2 (mini: d_model 128, 4 layers, context 512, horizon 64, batch 32); "
+                "reference: Chronos2Pipeline.fit"
+            )
+            compare(
+                "chronos2",
+                CHRONOS2_SHAPE,
+                chronos2_reference_throughput,
+                lambda m: m.model,
+                args,
+                out,
+            )
 
 
 if __name__ == "__main__":
