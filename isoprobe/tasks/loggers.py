@@ -78,6 +78,11 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
                         cfg.save_dir,
                     )
                     cfg.offline = True
+                if cfg.get("offline"):
+                    # wandb.init's own flag: the WANDB_MODE that Lightning's offline sets comes
+                    # too late once wandb has read its settings (wandb_goes_offline did), and
+                    # wandb would then ask for a key and stop the run
+                    cfg.mode = "offline"
                 if resume_ids.get(name):
                     cfg.id = resume_ids[name]
                     cfg.resume = "allow"

@@ -81,6 +81,27 @@ def test_build_loggers_sets_offline_only_without_a_key_and_fixes_a_wandb_run_id(
     assert cfg.wandb.id == "resumed1" and cfg.wandb.resume == "allow"
 
 
+def test_without_a_key_or_a_mode_the_run_starts_offline(wandb_env, tmp_path):
+    # what `python run.py` meets on a fresh machine: no WANDB_MODE, no key anywhere
+    cfg = OmegaConf.create(
+        {
+            "wandb": {
+                "_target_": "lightning.pytorch.loggers.WandbLogger",
+                "save_dir": str(tmp_path),
+                "offline": False,
+                "project": "isoprobe-test",
+            }
+        }
+    )
+    logger = build_loggers(cfg, {})["wandb"]
+    run = logger.experiment
+    try:
+        assert run.settings._offline
+        assert list((tmp_path / "wandb").glob(f"offline-run-*-{cfg.wandb.id}"))
+    finally:
+        run.finish()
+
+
 def test_csv_logger_continues_the_metrics_file_of_a_run_resumed_in_place(tmp_path):
     first = AppendingCSVLogger(str(tmp_path), name="csv", version="")
     first.log_metrics({"train/loss": 4.0}, step=1)
