@@ -115,6 +115,11 @@ class Probe(Callback, ABC):
         trajectory_png: the end-of-fit plot of every metric against epoch, in ``output_dir``.
         log_prefix: logged keys are ``<log_prefix>/<metric>/<layer>``.
         log_tables: also log a W&B table of each probe's rows.
+        figures_every_n_epochs: the probe's pictures (PCA clouds, flow-of-ranks, spectra) are
+            drawn at the first and the last probe of a run, and also after every n-th epoch
+            when n > 0 (1: every probe). A picture takes a tenth to a third of a second to
+            draw, more than the rest of a small model's probe; the values are in the CSV and
+            the loggers at every probe either way.
     """
 
     #: whether :meth:`measure` reads collected tokens (weights-only probes set False)
@@ -137,9 +142,15 @@ class Probe(Callback, ABC):
         site: str = "block",
         tokens: str = "real",
         log_tables: bool = True,
+        figures_every_n_epochs: int = 0,
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        if figures_every_n_epochs < 0:
+            raise ValueError(
+                f"figures_every_n_epochs must be >= 0 (0: first and last probe only), got "
+                f"{figures_every_n_epochs}"
+            )
         if num_windows < 1:
             raise ValueError(f"num_windows must be >= 1, got {num_windows}")
         if max_tokens < 2:
@@ -173,6 +184,7 @@ class Probe(Callback, ABC):
         self.site = site
         self.tokens = tokens
         self.log_tables = bool(log_tables)
+        self.figures_every_n_epochs = int(figures_every_n_epochs)
 
         self._records: list[dict[str, Any]] = []
         self._probed_epochs: set[int] = set()
@@ -182,6 +194,8 @@ class Probe(Callback, ABC):
         self._wandb_defined: set[int] = set()
         self._saved_at: tuple[int, int] | None = None
         self.seconds: dict[int, float] = {}
+        self._drawn_any = False
+        self._undrawn: tuple[int, Measurement] | None = None
 
     # ---------------------------------------------------------------- what a probe measures
 
@@ -201,6 +215,10 @@ class Probe(Callback, ABC):
 
     def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
         """W&B media of one epoch, logged in the same history row as its values."""
+        return {}
+
+    def figure_paths(self, epoch: int) -> dict[str, Path]:
+        """The pictures of one epoch that go to W&B as images (key -> PNG), once drawn."""
         return {}
 
     # ---------------------------------------------------------------- public state
@@ -289,6 +307,12 @@ class Probe(Callback, ABC):
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _SHARED.pop(trainer, None)
+        if trainer.is_global_zero and self._undrawn is not None:
+            epoch, measurement = self._undrawn  # the last probe's pictures
+            self._draw(epoch, measurement)
+            for key, path in self.figure_paths(epoch).items():
+                if path.is_file():
+                    log_image(trainer.loggers, key, path)
         if trainer.is_global_zero and self._records:
             path = self.output_path / self.trajectory_png
             if save_trajectories(path, self._records):
@@ -419,6 +443,11 @@ class Probe(Callback, ABC):
             self._csv_checked = True
         write_records(self.csv_path, self._records)
 
+    def _draw(self, epoch: int, measurement: Measurement) -> None:
+        self.save_artefacts(self.output_path, epoch, measurement)
+        self._drawn_any = True
+        self._undrawn = None
+
     def _publish(
         self,
         trainer: Trainer,
@@ -428,7 +457,11 @@ class Probe(Callback, ABC):
         measurement: Measurement,
     ) -> None:
         self._write_csv(trainer)
-        self.save_artefacts(self.output_path, epoch, measurement)
+        every = self.figures_every_n_epochs
+        if not self._drawn_any or (every > 0 and epoch % every == 0):
+            self._draw(epoch, measurement)
+        else:
+            self._undrawn = (epoch, measurement)
         metrics = scalar_metrics(self.log_prefix, epoch, records, self.seconds[epoch])
         media = None
         if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):

@@ -134,11 +134,16 @@ class RankProbe(Probe):
             for block, by_projection in spectra.weights.items()
             for p, sigma in by_projection.items()
         }
-        for key, folder in (("flow_of_ranks", FLOW_DIR), ("spectra", SPECTRA_DIR)):
-            path = self.output_path / folder / f"epoch{epoch}.png"
+        for key, path in self.figure_paths(epoch).items():
             if path.is_file():
-                media[f"{self.log_prefix}/{key}"] = wandb.Image(str(path))
+                media[key] = wandb.Image(str(path))
         return media
+
+    def figure_paths(self, epoch: int) -> dict[str, Path]:
+        return {
+            f"{self.log_prefix}/{key}": self.output_path / folder / f"epoch{epoch}.png"
+            for key, folder in (("flow_of_ranks", FLOW_DIR), ("spectra", SPECTRA_DIR))
+        }
 
 
 def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:

@@ -107,9 +107,11 @@ def test_fit_probes_epoch_zero_and_every_n_epochs_with_all_layers_and_metrics(tm
                 assert row[f"probe/{metric}/{layer}"] == _value(df, epoch, layer, metric)
 
     assert (tmp_path / "probe_trajectories.png").stat().st_size > 0
-    for epoch in (0, 2, 4):  # default PCA layers: first and last encoder layer
+    for epoch in (0, 4):  # default PCA layers: first and last encoder layer
         for layer in ("encoder.0", "encoder.1"):
             assert (tmp_path / "pca" / f"{layer}_epoch{epoch}.png").stat().st_size > 0
+    # pictures at the first and the last probe only (figures_every_n_epochs=0)
+    assert not list((tmp_path / "pca").glob("*_epoch2.png"))
     assert not list((tmp_path / "pca").glob("embed_*"))
 
 

@@ -80,7 +80,8 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
     assert any("probe/trajectories._type" in h for h in history)
 
     # the rank probe: its own axis, ranks as in its CSV, the projections' singular values as
-    # histograms and the flow-of-ranks picture every probe
+    # histograms every probe, the flow-of-ranks picture of the first probe in its row and of
+    # the last one when the fit ends (figures_every_n_epochs=0)
     assert ("rank/*", "rank/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
     ranked = [h for h in history if "rank/rank_eps0.01/embed" in h]
     assert [h["rank/epoch"] for h in ranked] == [0, 1]
@@ -90,4 +91,7 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
         assert float(logged[f"rank/{row.metric}/{row.layer}"]) == row.value
     for h in ranked:
         assert h["rank/spectrum/encoder.0.q._type"] == "histogram"
-        assert h["rank/flow_of_ranks._type"] == "image-file"
+    assert ranked[0]["rank/flow_of_ranks._type"] == "image-file"
+    assert "rank/flow_of_ranks._type" not in ranked[1]
+    pictures = [h for h in history if h.get("rank/flow_of_ranks._type") == "image-file"]
+    assert len(pictures) == 2 and pictures[1]["_step"] > ranked[1]["_step"]

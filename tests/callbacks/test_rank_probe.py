@@ -101,9 +101,10 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
     assert alone == shared
 
 
-def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path):
+@pytest.mark.parametrize("every, drawn", [(0, (0, 2)), (1, (0, 1, 2))])
+def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path, every, drawn):
     L.seed_everything(0)
-    probe = RankProbe(output_dir=str(tmp_path), **PROBE_SET)
+    probe = RankProbe(output_dir=str(tmp_path), figures_every_n_epochs=every, **PROBE_SET)
     _trainer([probe], max_epochs=2).fit(ToyForecaster(), datamodule=ToyData())
     assert probe.probed_epochs == [0, 1, 2]
     on_disk = read_records(tmp_path / "rank_metrics.csv")
@@ -113,8 +114,10 @@ def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path):
         for a, b in zip(on_disk, probe.records, strict=True)
     )
     for epoch in (0, 1, 2):
-        assert (tmp_path / "flow_of_ranks" / f"epoch{epoch}.png").stat().st_size > 0
-        assert (tmp_path / "spectra" / f"epoch{epoch}.png").stat().st_size > 0
+        for folder in ("flow_of_ranks", "spectra"):
+            path = tmp_path / folder / f"epoch{epoch}.png"
+            assert path.is_file() == (epoch in drawn), path
+            assert epoch not in drawn or path.stat().st_size > 0
     assert (tmp_path / "rank_trajectories.png").stat().st_size > 0
 
 
