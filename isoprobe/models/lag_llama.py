@@ -305,7 +305,6 @@ class LagLlamaModule(ForecastModule):
         self.network = LagLlamaNetwork(config)
         if state is not None:
             load_matching(self.network, state, self.resolved_checkpoint.location)
-        self.embed_tap = nn.Identity()
         log.info("Lag-Llama weights: %s", self.resolved_checkpoint.describe())
 
     @staticmethod
@@ -355,7 +354,7 @@ class LagLlamaModule(ForecastModule):
         parts.append(magnitude[:, None, :].expand(-1, steps, -1))
         if self.config["time_feat"]:
             parts.append(lags.new_zeros(lags.shape[0], steps, NUM_TIME_FEATURES))
-        return self.embed_tap(torch.cat(parts, dim=-1))
+        return torch.cat(parts, dim=-1)
 
     def _teacher_forced(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The context and the target but its last step, their observed mask, loc and scale."""
@@ -415,11 +414,15 @@ class LagLlamaModule(ForecastModule):
     # -- probe contract ----------------------------------------------------------------------
 
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
+        """``embed``: the token embedding (``wte``: the lag and magnitude features projected to
+        the model width) [B, T, D]; ``decoder.<i>``: block i's output; ``decoder.<i>.attn``:
+        block i's self-attention after ``c_proj``, before the residual add."""
         check_probe_site(site)
         blocks = self.network.transformer["h"]
         if site == "attention":
             return {f"decoder.{i}.attn": block.attn for i, block in enumerate(blocks)}
-        return {"embed": self.embed_tap} | {f"decoder.{i}": b for i, b in enumerate(blocks)}
+        embed = self.network.transformer["wte"]
+        return {"embed": embed} | {f"decoder.{i}": b for i, b in enumerate(blocks)}
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """One token per step of the context and of the teacher-forced target; real = the
