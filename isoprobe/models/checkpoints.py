@@ -12,10 +12,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
 from huggingface_hub.errors import HFValidationError
+from safetensors import SafetensorError
 
 from isoprobe.network import host_reachable
 
@@ -103,3 +107,55 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
         "network, which is unreachable (and it is not in the Hugging Face cache). Use "
         "model.checkpoint=bundled to run offline, or a local copy: model.checkpoint=/path/to/dir."
     )
+
+
+def load_pretrained(model_class: Any, source: str, **kwargs: Any) -> tuple[Any, Mapping[str, Any]]:
+    """``model_class.from_pretrained(source)`` in float32, in train mode, with transformers'
+    loading report (``missing_keys``, ``unexpected_keys``, ``mismatched_keys``), which
+    :func:`check_weights_fit` reads: transformers itself only warns about them and initialises
+    what is missing or misshapen at random. A weights file that cannot be read is a
+    :class:`CheckpointError`."""
+    try:
+        model, info = model_class.from_pretrained(
+            source,
+            dtype=torch.float32,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            **kwargs,
+        )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
+            "Copy or export the checkpoint again."
+        ) from err
+    # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
+    # otherwise run without dropout
+    return model.train(), info
+
+
+def check_weights_fit(
+    info: Mapping[str, Any],
+    source: str,
+    missing: Sequence[str] | None = None,
+    unexpected: Sequence[str] | None = None,
+) -> None:
+    """Refuse a checkpoint whose tensors do not fit the architecture its config.json builds:
+    the first misshapen tensor named with both shapes, else the missing and unexpected ones
+    (``missing``/``unexpected`` where a model counts them itself; else the loading report's)."""
+    mismatched = sorted(info["mismatched_keys"])
+    if mismatched:
+        name, found, expected = mismatched[0]
+        raise CheckpointError(
+            f"the weights in {source} do not fit its config.json: {name} has shape "
+            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
+            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
+            "checkpoint; re-export the model."
+        )
+    missing = sorted(info["missing_keys"] if missing is None else missing)
+    unexpected = sorted(info["unexpected_keys"] if unexpected is None else unexpected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: {len(missing)} weights "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            "The config was edited or belongs to another checkpoint; re-export the model."
+        )

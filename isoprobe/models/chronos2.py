@@ -26,7 +26,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import AutoConfig
 
@@ -37,7 +36,13 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    check_weights_fit,
+    load_pretrained,
+    resolve_checkpoint,
+)
 from isoprobe.models.quantiles import interpolation_matrix
 
 try:
@@ -310,19 +315,9 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Ch
     source = resolved.location
     config = AutoConfig.from_pretrained(source)
     _check_config(config, source)
-    try:
-        model, info = Chronos2Model.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
-            "Copy or export the checkpoint again."
-        ) from err
-    _check_weights_fit(info, source)
-    # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
-    # otherwise run without dropout
-    return model.train()
+    model, info = load_pretrained(Chronos2Model, source)
+    check_weights_fit(info, source)
+    return model
 
 
 def _check_config(config: Any, source: str) -> None:
@@ -334,25 +329,4 @@ def _check_config(config: Any, source: str) -> None:
             f"{source} is not a Chronos-2 checkpoint ({found}); model=chronos2 loads "
             f"{ARCHITECTURE} checkpoints such as amazon/chronos-2 (Chronos-T5: model=chronos, "
             "Chronos-Bolt: model=chronos_bolt)."
-        )
-
-
-def _check_weights_fit(info: Mapping[str, Any], source: str) -> None:
-    """Every tensor of the architecture is in the file with its shape, and nothing else is
-    (transformers only warns, and initialises what is missing or mismatched at random)."""
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
-        name, found, expected = mismatched[0]
-        raise CheckpointError(
-            f"the weights in {source} do not fit its config.json: {name} has shape "
-            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
-            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
-            "checkpoint; re-export the model."
-        )
-    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "The config was edited or belongs to another checkpoint; re-export the model."
         )

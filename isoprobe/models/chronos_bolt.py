@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoConfig, T5Config
 from transformers.utils import SAFE_WEIGHTS_NAME, cached_file
@@ -41,7 +41,13 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    check_weights_fit,
+    load_pretrained,
+    resolve_checkpoint,
+)
 from isoprobe.models.quantiles import interpolation_matrix
 
 try:
@@ -296,19 +302,9 @@ def _load(
     source = resolved.location
     config = AutoConfig.from_pretrained(source)
     _check_bolt_config(config, source)
-    try:
-        model, info = ChronosBoltModelForForecasting.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
-            "Copy or export the checkpoint again."
-        ) from err
+    model, info = load_pretrained(ChronosBoltModelForForecasting, source)
     _check_weights_fit(model, info, source)
-    # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
-    # otherwise run without dropout
-    return model.train()
+    return model
 
 
 def _check_bolt_config(config: T5Config, source: str) -> None:
@@ -346,18 +342,8 @@ def _check_weights_fit(
 ) -> None:
     """Every tensor of the architecture is in the file, with its shape, and nothing else is.
 
-    transformers only reports a shape mismatch (and initialises that tensor at random), and
-    ``ChronosBoltModelForForecasting`` tells it to say nothing of missing patch embeddings, so
-    the names are checked against the weights file itself."""
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
-        name, found, expected = mismatched[0]
-        raise CheckpointError(
-            f"the weights in {source} do not fit its config.json: {name} has shape "
-            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
-            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
-            "checkpoint; re-export the model."
-        )
+    ``ChronosBoltModelForForecasting`` tells transformers to say nothing of missing patch
+    embeddings, so the names are checked against the weights file itself."""
     weights_file = cached_file(
         source, SAFE_WEIGHTS_NAME, _raise_exceptions_for_missing_entries=False
     )
@@ -368,11 +354,6 @@ def _check_weights_fit(
     else:
         stored |= set(model.state_dict()) - set(info["missing_keys"])
     expected = set(model.state_dict()) - set(TIED_WEIGHTS)
-    missing = sorted(expected - stored)
-    unexpected = sorted(stored - expected - set(TIED_WEIGHTS) - set(IGNORED_WEIGHTS))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "The config was edited or belongs to another checkpoint; re-export the model."
-        )
+    missing = expected - stored
+    unexpected = stored - expected - set(TIED_WEIGHTS) - set(IGNORED_WEIGHTS)
+    check_weights_fit(info, source, missing=list(missing), unexpected=list(unexpected))

@@ -23,12 +23,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import AutoConfig, PatchTSTConfig, PatchTSTForPrediction
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
-from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    check_weights_fit,
+    load_pretrained,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -270,37 +274,6 @@ def _load(
                 "PatchTST (share_embedding, share_projection, no channel_attention)."
             )
         config.num_input_channels = 1  # shared weights: one channel reads them all
-    try:
-        model, info = PatchTSTForPrediction.from_pretrained(
-            source,
-            config=config,
-            dtype=torch.float32,
-            output_loading_info=True,
-            ignore_mismatched_sizes=True,
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
-        ) from err
-    _check_weights_fit(info, source)
-    return model.train()
-
-
-def _check_weights_fit(info: Mapping[str, Any], source: str) -> None:
-    """transformers only warns about missing, unexpected or reshaped tensors (and initialises
-    them at random): refuse them, naming the first."""
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
-        name, found, expected = mismatched[0]
-        raise CheckpointError(
-            f"the weights in {source} do not fit its config.json: {name} has shape "
-            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
-            f"({len(mismatched)} tensors differ). Re-export the model."
-        )
-    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "Re-export the model."
-        )
+    model, info = load_pretrained(PatchTSTForPrediction, source, config=config)
+    check_weights_fit(info, source)
+    return model

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from pandas.tseries import offsets
 from pandas.tseries.frequencies import to_offset
-from safetensors import SafetensorError
 from torch import Tensor, nn
 
 from isoprobe.models.base import (
@@ -32,7 +31,13 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    check_weights_fit,
+    load_pretrained,
+    resolve_checkpoint,
+)
 from isoprobe.models.quantiles import interpolation_matrix
 
 try:
@@ -360,34 +365,9 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> nn
             "google/timesfm-2.0-500m-pytorch."
         )
     _check_patches(config, source)
-    try:
-        model, info = TimesFmModelForPrediction.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
-            "Copy or export the checkpoint again."
-        ) from err
-    # transformers would initialise these at random and only report it
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
-        name, found, expected = mismatched[0]
-        raise CheckpointError(
-            f"the weights in {source} do not fit its config.json: {name} has shape "
-            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
-            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
-            "checkpoint; re-export the model."
-        )
-    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "The config was edited or belongs to another checkpoint; re-export the model."
-        )
-    # from_pretrained returns eval mode; Lightning keeps submodule modes
-    return model.train()
+    model, info = load_pretrained(TimesFmModelForPrediction, source)
+    check_weights_fit(info, source)
+    return model
 
 
 def _check_patches(config: TimesFmConfig, source: str) -> None:
