@@ -1,4 +1,4 @@
-"""Where a model's weights come from: ``model.checkpoint`` resolution (DESIGN.md).
+"""Where a model's weights come from: ``model.checkpoint`` resolution.
 
 ``checkpoint`` is one of:
   - ``auto``: the official hub id when it is in the local Hugging Face cache or the hub is
