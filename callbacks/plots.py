@@ -148,18 +148,36 @@ def save_spectra(path: Path, spectra: Mapping[str, np.ndarray], title: str) -> N
 
 
 def save_compression_tradeoff(path: Path, rows: Sequence[Mapping[str, float]]) -> None:
-    """The compression trade-off: WQL, MASE and inference time relative to the original
-    against the attention weights kept, one point per ε (labelled)."""
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    sizes = [r["attention_size_ratio"] for r in rows]
-    for key, label in (("wql_ratio", "WQL"), ("mase_ratio", "MASE"), ("time_ratio", "time")):
-        ax.plot(sizes, [r[key] for r in rows], marker="o", label=label)
-    for r in rows:
-        ax.annotate(f"ε={r['epsilon']:g}", (r["attention_size_ratio"], r["wql_ratio"]), fontsize=7)
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("attention weights kept (compressed / original)", fontsize=8)
-    ax.set_ylabel("compressed / original", fontsize=8)
-    ax.legend(fontsize=7, frameon=False)
+    """The compression trade-off against ε (log axis), one point per ε: on the left what is
+    kept (attention weights, all parameters, memory), on the right what it costs and gains
+    (WQL, MASE and inference time), all relative to the original; the band is WQL within 1%."""
+    eps = [r["epsilon"] for r in rows]
+    fig, (kept, cost) = plt.subplots(1, 2, figsize=(8, 3.2), sharex=True)
+    panels = (
+        (
+            kept,
+            "kept (compressed / original)",
+            ("attention_size_ratio", "attention weights"),
+            ("parameter_ratio", "parameters"),
+            ("memory_ratio", "memory"),
+        ),
+        (
+            cost,
+            "compressed / original",
+            ("wql_ratio", "WQL"),
+            ("mase_ratio", "MASE"),
+            ("time_ratio", "inference time"),
+        ),
+    )
+    for ax, ylabel, *series in panels:
+        for key, label in series:
+            ax.plot(eps, [r[key] for r in rows], marker="o", label=label)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("ε (relative singular-value threshold)", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.legend(fontsize=7, frameon=False)
+    cost.axhspan(0.99, 1.01, color="tab:green", alpha=0.1, lw=0)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
