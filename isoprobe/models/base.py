@@ -163,6 +163,14 @@ class ForecastModule(L.LightningModule, ABC):
     def forecast_memory_bytes(self, batch_size: int) -> int:
         """Estimated peak memory of :meth:`forecast` on ``batch_size`` windows."""
 
+    def check_layer_names(self, layers: Iterable[str], model_name: str) -> None:
+        """Raise KeyError naming the first of ``layers`` that no probe site has (``model_name``,
+        such as ``Chronos-T5``, says whose layer it is), and the names that exist."""
+        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        for name in layers:
+            if name not in known:
+                raise KeyError(f"unknown {model_name} layer {name!r}; known: {known}")
+
     def probe_forward(self, batch: Batch) -> None:
         """The forward pass during which the probe's hooks capture representations."""
         self.loss(batch)

@@ -159,3 +159,15 @@ def check_weights_fit(
             f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
             "The config was edited or belongs to another checkpoint; re-export the model."
         )
+
+
+def scratch_fields(
+    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
+) -> Mapping[str, Any] | None:
+    """The architecture fields of ``model.size`` among ``model.sizes`` (None when the model
+    has no sizes); a size that is not listed is refused with the ones that are."""
+    if sizes is None:
+        return None
+    if size not in sizes:
+        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
+    return sizes[size]

@@ -42,6 +42,7 @@ from isoprobe.models.checkpoints import (
     check_weights_fit,
     load_pretrained,
     resolve_checkpoint,
+    scratch_fields,
 )
 from isoprobe.models.quantiles import interpolation_matrix
 
@@ -88,7 +89,7 @@ class Chronos2Module(ForecastModule):
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
-        self.model = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         config = self.model.chronos_config
         if self.context_length > config.context_length:
             log.warning(
@@ -223,13 +224,9 @@ class Chronos2Module(ForecastModule):
         patches = self._patch_observed(batch["context"])
         special = int(self.model.chronos_config.use_reg_token) + self._output_patches()
         encoder = torch.cat([patches, patches.new_zeros(patches.shape[0], special)], dim=1)
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
-        masks = {}
-        for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown Chronos-2 layer {name!r}; known: {known}")
-            masks[name] = encoder
-        return masks
+        layers = list(layers)
+        self.check_layer_names(layers, "Chronos-2")
+        return {name: encoder for name in layers}
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every block's time self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and
@@ -293,16 +290,6 @@ def _embeds_through(tap: nn.Module, _encoder: nn.Module, args: tuple, kwargs: di
 def _first_argument_through(tap: nn.Module, _module: nn.Module, args: tuple) -> tuple:
     """Forward pre-hook: the module's first positional input through ``tap``."""
     return (tap(args[0]), *args[1:])
-
-
-def _scratch_fields(
-    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
-) -> Mapping[str, Any] | None:
-    if sizes is None:
-        return None
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
 
 
 def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Chronos2Model:

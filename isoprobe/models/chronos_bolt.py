@@ -47,6 +47,7 @@ from isoprobe.models.checkpoints import (
     check_weights_fit,
     load_pretrained,
     resolve_checkpoint,
+    scratch_fields,
 )
 from isoprobe.models.quantiles import interpolation_matrix
 
@@ -101,7 +102,7 @@ class ChronosBoltModule(ForecastModule):
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
-        self.model = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         bolt = self.model.chronos_config
         if self.context_length > bolt.context_length:
             log.warning(
@@ -212,11 +213,10 @@ class ChronosBoltModule(ForecastModule):
         if self.model.chronos_config.use_reg_token:
             encoder = torch.cat([patches, torch.zeros_like(patches[:, :1])], dim=1)
         decoder = patches.any(dim=1, keepdim=True)
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        layers = list(layers)
+        self.check_layer_names(layers, "Chronos-Bolt")
         masks = {}
         for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown Chronos-Bolt layer {name!r}; known: {known}")
             if name == "embed":
                 masks[name] = patches
             else:
@@ -278,16 +278,6 @@ class ChronosBoltModule(ForecastModule):
         paths = len(bolt.quantiles) if self.prediction_length > bolt.prediction_length else 1
         weights = sum(p.numel() for p in self.parameters())
         return 4 * (batch_size * paths * layer + weights)
-
-
-def _scratch_fields(
-    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
-) -> Mapping[str, Any] | None:
-    if sizes is None:
-        return None
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
 
 
 def _load(

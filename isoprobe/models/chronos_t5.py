@@ -255,16 +255,9 @@ class ChronosT5Module(ForecastModule):
         _, target_mask = self._tokenize_target(batch, scale)
         start = torch.zeros_like(target_mask[:, :1])
         decoder = torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
-        masks = {}
-        for name in layers:
-            if name == "embed" or name.startswith("encoder."):
-                masks[name] = encoder
-            elif name.startswith("decoder."):
-                masks[name] = decoder
-            else:
-                known = [*self.probe_layers(), *self.probe_layers("attention")]
-                raise KeyError(f"unknown Chronos-T5 layer {name!r}; known: {known}")
-        return masks
+        layers = list(layers)
+        self.check_layer_names(layers, "Chronos-T5")
+        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
 
 
 def _load(

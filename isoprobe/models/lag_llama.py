@@ -428,10 +428,8 @@ class LagLlamaModule(ForecastModule):
         """One token per step of the context and of the teacher-forced target; real = the
         step's value was observed (not left padding, not missing). The same for every layer."""
         _, observed, _, _, _ = self._teacher_forced(batch)
-        known = {*self.probe_layers(), *self.probe_layers("attention")}
-        unknown = [name for name in layers if name not in known]
-        if unknown:
-            raise KeyError(f"unknown Lag-Llama layers {unknown}; known: {sorted(known)}")
+        layers = list(layers)
+        self.check_layer_names(layers, "Lag-Llama")
         return {name: observed for name in layers}
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:

@@ -36,7 +36,12 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    resolve_checkpoint,
+    scratch_fields,
+)
 
 if TYPE_CHECKING:
     from uni2ts.model.moirai import MoiraiModule
@@ -142,7 +147,7 @@ class MoiraiForecastModule(ForecastModule):
         super().__init__(**base)
         _, loss_class = import_uni2ts()
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
-        self.module = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        self.module = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         allowed = tuple(int(p) for p in self.module.patch_sizes)
         if int(patch_size) not in allowed:
             raise ValueError(
@@ -272,13 +277,9 @@ class MoiraiForecastModule(ForecastModule):
         prediction patch (the [MASK] input)."""
         packed = self.pack(batch["context"])
         real = packed.observed.any(dim=-1) & ~packed.prediction
-        known = {*self.probe_layers(), *self.probe_layers("attention")}
-        masks = {}
-        for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown Moirai layer {name!r}; known: {sorted(known)}")
-            masks[name] = real
-        return masks
+        layers = list(layers)
+        self.check_layer_names(layers, "Moirai")
+        return {name: real for name in layers}
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every layer's ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` weights (no bias;
@@ -330,16 +331,6 @@ class MoiraiForecastModule(ForecastModule):
         draws = self.num_samples * tokens * max(module.patch_sizes) * 6
         weights = sum(p.numel() for p in self.parameters())
         return 4 * (batch_size * (layer + draws) + weights)
-
-
-def _scratch_fields(
-    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
-) -> Mapping[str, Any] | None:
-    if sizes is None:
-        return None
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
 
 
 def _fetch(source: ResolvedCheckpoint, filename: str) -> str:

@@ -163,13 +163,11 @@ class PatchTSTModule(ForecastModule):
         left padding): [B, C, P] for the embedding and the blocks, [B C, P] for the attention
         sub-layers (the model folds channels into the batch there)."""
         patches = self._patch_observed(batch["context"])
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
-        masks = {}
-        for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown PatchTST layer {name!r}; known: {known}")
-            masks[name] = patches if name.endswith(".attn") else patches.unsqueeze(1)
-        return masks
+        layers = list(layers)
+        self.check_layer_names(layers, "PatchTST")
+        return {
+            name: patches if name.endswith(".attn") else patches.unsqueeze(1) for name in layers
+        }
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every encoder layer's ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` weights

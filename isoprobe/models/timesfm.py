@@ -37,6 +37,7 @@ from isoprobe.models.checkpoints import (
     check_weights_fit,
     load_pretrained,
     resolve_checkpoint,
+    scratch_fields,
 )
 from isoprobe.models.quantiles import interpolation_matrix
 
@@ -159,7 +160,7 @@ class TimesFmModule(ForecastModule):
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
-        self.model = _load(self.resolved_checkpoint, _scratch_fields(size, sizes))
+        self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         config = self.model.config
         if freq_category is None:
             freq_category = frequency_category(self.freq)
@@ -282,13 +283,9 @@ class TimesFmModule(ForecastModule):
         _, padding = self._inputs(batch["context"])
         patches = padding.view(len(padding), -1, self.model.config.patch_length)
         real = ~patches.bool().all(dim=-1)
-        known = {*self.probe_layers(), *self.probe_layers("attention")}
-        masks = {}
-        for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown TimesFM layer {name!r}; known: {sorted(known)}")
-            masks[name] = real
-        return masks
+        layers = list(layers)
+        self.check_layer_names(layers, "TimesFM")
+        return {name: real for name in layers}
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every layer's ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` weights ([H d_head,
@@ -337,16 +334,6 @@ class TimesFmModule(ForecastModule):
         layer = tokens * (4 * width + ff) + 2 * heads * tokens**2
         weights = sum(p.numel() for p in self.parameters())
         return 4 * (batch_size * layer + weights)
-
-
-def _scratch_fields(
-    size: str, sizes: Mapping[str, Mapping[str, Any]] | None
-) -> Mapping[str, Any] | None:
-    if sizes is None:
-        return None
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
 
 
 def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> nn.Module:

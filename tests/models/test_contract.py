@@ -74,6 +74,15 @@ def test_layers_masks_and_hooks(tmp_path, name, site):
 
 
 @pytest.mark.parametrize("name", MODELS)
+def test_a_layer_no_site_has_is_refused_by_name(tmp_path, name):
+    model = build(tmp_path, name)
+    real = next(iter(model.probe_layers()))
+    for wrong in ("encoder.99", "decoder.99.attn", "lm_head"):
+        with pytest.raises(KeyError, match=rf"unknown .* layer '{wrong}'; known: .*'{real}'"):
+            model.token_masks(make_batch(), [real, wrong])
+
+
+@pytest.mark.parametrize("name", MODELS)
 def test_probing_changes_no_weight_and_no_random_state(tmp_path, name):
     model = build(tmp_path, name)
     weights = {k: v.clone() for k, v in model.state_dict().items()}

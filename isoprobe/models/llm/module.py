@@ -367,11 +367,10 @@ class LlmModule(ForecastModule):
             decoder_mask = torch.cat([start, decoder.real[:, :-1]], dim=1)
         else:
             encoder_mask = decoder_mask = self.encode_context(batch)[0].real
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
+        layers = list(layers)
+        self.check_layer_names(layers, "LLM")
         masks = {}
         for name in layers:
-            if name not in known:
-                raise KeyError(f"unknown LLM layer {name!r}; known: {known}")
             reads_target = self.arch == "t5" and name.startswith("decoder.")
             masks[name] = decoder_mask if reads_target else encoder_mask
         return masks
