@@ -4,11 +4,11 @@ by side with the original on the same test windows (the rank-structure paper's t
 For the original and for every ε (``compress.epsilon``: one value or a list): forecast metrics
 from ``trainer.test`` (seeded identically, so sampled forecasts differ only by the model),
 inference wall time of :meth:`forecast` over the first ``compress.timed_batches`` test batches
-(best of ``compress.repeats``, original and compressed alternating), and memory: the peak CUDA
-memory of those forecasts on a GPU, the bytes of the weights on a CPU (which has no allocator
-statistics). Written to ``compression.csv`` and ``compression.md``, the
-trade-off to ``compression.png``; each compressed model to ``compressed/eps<ε>/``, which
-``model.checkpoint=<dir>`` loads back.
+(best of ``compress.repeats``, original and compressed alternating), and the peak memory of
+those forecasts: CUDA's peak on a GPU; on a CPU, which has no allocator statistics, the weights'
+bytes plus the most resident memory the forecasts added (:mod:`isoprobe.tasks.peak_memory`).
+Written to ``compression.csv`` and ``compression.md``, the trade-off to ``compression.png``; each
+compressed model to ``compressed/eps<ε>/``, which ``model.checkpoint=<dir>`` loads back.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from isoprobe.models.compression import (
     depth_scaled_eps,
     export_compressed,
 )
+from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported
 
 COLUMNS = (
     "epsilon",
@@ -68,9 +69,14 @@ def _forecast_seconds(model: ForecastModule, batches: list[dict], seed: int) -> 
 
 
 def _memory_bytes(model: ForecastModule, batches: list[dict], seed: int) -> int:
-    """Peak CUDA memory of forecasting ``batches`` on a GPU; the weights' bytes on a CPU."""
+    """Peak memory of forecasting ``batches``: the peak CUDA memory on a GPU; on a CPU the
+    weights' bytes plus the most resident memory the forecasts added above them (the weights'
+    bytes alone where the system cannot report a peak)."""
     if model.device.type != "cuda":
-        return sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        if not cpu_peak_supported():
+            return weights
+        return weights + cpu_peak_bytes(lambda: _forecast_seconds(model, batches, seed))
     torch.cuda.reset_peak_memory_stats(model.device)
     _forecast_seconds(model, batches, seed)
     return torch.cuda.max_memory_allocated(model.device)
@@ -145,7 +151,13 @@ def _write(output_dir: Path, rows: list[dict], device: str) -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    memory = "peak CUDA memory" if device == "cuda" else "weights' bytes (CPU)"
+    memory = (
+        "peak CUDA memory"
+        if device == "cuda"
+        else "weights + the forecasts' peak resident memory above them (CPU)"
+        if cpu_peak_supported()
+        else "weights' bytes (CPU)"
+    )
     lines = [
         f"ratios compressed / original on the same test windows; memory: {memory}",
         "",
