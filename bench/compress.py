@@ -11,10 +11,18 @@ For each model (Chronos-T5, Chronos-Bolt) and each size:
   fractions of its full rank (``--rank-fractions``), since random weights have no decaying
   spectrum to threshold.
 
-Every measurement runs in a fresh process (``spawn``): forecasting a fixed batch of ``--batch``
-windows (context 512, horizon 64), best of ``--repeats``, and the process's peak resident memory
-(``ru_maxrss``) less that of a process that only imported everything and built the original
-model, i.e. the memory the forecasting itself took.
+Every measurement runs in a fresh process (``spawn``): forecasting a fixed batch (context 512,
+horizon 64; ``--batch`` windows, by default 8 for Chronos-T5, whose sampled decoding is slow, and
+64 for Chronos-Bolt), repeated at least ``--repeats`` times and ``--min-seconds`` in all, the
+fastest kept. Memory is the forecast's peak: the weights' bytes plus the most resident memory a
+forecast added above them (:mod:`isoprobe.tasks.peak_memory`), the least over the repeats. The
+original's forecast is also timed inside its attention projections: with that share s of the
+time, factoring them down to a fraction k of their weights cannot be faster than
+1 / (1 - s (1 - k)) (the ``bound`` column).
+
+Last, where factored layers stop paying: one projection [d, d], dense against two thin layers at
+rank d/4 and d/8 (half and a quarter of its weights), for a range of d_model, on 64 rows (one
+decoding step of 64 sample paths) and on 4096 (an encoder pass over 8 windows of 512).
 
 Run: ``.venv/bin/python bench/compress.py [--models chronos chronos_bolt]``.
 """
@@ -24,7 +32,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import resource
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,6 +40,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
+from torch import nn
 
 from isoprobe.evaluation import ForecastMetrics
 from isoprobe.models.compression import (
@@ -40,6 +48,7 @@ from isoprobe.models.compression import (
     compress_attention,
     factor_at_rank_fraction,
 )
+from isoprobe.tasks.peak_memory import cpu_peak_bytes
 from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -57,6 +66,7 @@ OFFICIAL = {
     "chronos_bolt": ["model.size=official_small"],
 }
 QUICK = {"chronos": ["model.num_samples=8"]}
+BATCH = {"chronos": 8, "chronos_bolt": 64}
 CONTEXT, HORIZON = 512, 64
 
 
@@ -113,9 +123,37 @@ def _energy_wql(model) -> float:
     return float(metrics.compute()["wql"])
 
 
+def _attention_seconds(model, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(seconds inside the attention projections, seconds in all) of one seeded forecast."""
+    owners = {id(m.weight): m for m in model.modules() if isinstance(m, nn.Linear)}
+    projections = [
+        owners[id(weight)]
+        for block in model.attention_weights().values()
+        for weight in block.values()
+        if id(weight) in owners
+    ]
+    inside, started = [0.0], [0.0]
+
+    def enter(module, args):
+        started[0] = time.perf_counter()
+
+    def leave(module, args, output):
+        inside[0] += time.perf_counter() - started[0]
+
+    handles = [m.register_forward_pre_hook(enter) for m in projections]
+    handles += [m.register_forward_hook(leave) for m in projections]
+    torch.manual_seed(0)
+    began = time.perf_counter()
+    with torch.no_grad():
+        model.forecast(batch)
+    total = time.perf_counter() - began
+    for handle in handles:
+        handle.remove()
+    return inside[0], total
+
+
 def _measure(job: dict, queue) -> None:
-    """One setting in this (fresh) process: ``original``, ``eps<ε>`` or ``fraction<f>``; with
-    ``forecast`` false, only build the original (the memory baseline)."""
+    """One setting in this (fresh) process: ``original``, ``eps<ε>`` or ``fraction<f>``."""
     torch.set_num_threads(job["threads"])
     model = _model(job["model"], job["size"])
     result: dict = {}
@@ -125,18 +163,26 @@ def _measure(job: dict, queue) -> None:
     elif setting.startswith("fraction"):
         result["attention"] = attention_sizes(factor_at_rank_fraction(model, float(setting[8:])))
     result["parameters"] = sum(p.numel() for p in model.parameters())
-    if job["forecast"]:
-        batch = _batch(job["batch"])
-        result["seconds"] = float("inf")
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    batch = _batch(job["batch"])
+
+    def forecast() -> None:
+        torch.manual_seed(0)
+        started = time.perf_counter()
         with torch.no_grad():
-            for _ in range(job["repeats"]):
-                torch.manual_seed(0)
-                started = time.perf_counter()
-                model.forecast(batch)
-                result["seconds"] = min(result["seconds"], time.perf_counter() - started)
-        if job["wql"]:
-            result["wql"] = _energy_wql(model)
-    result["rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            model.forecast(batch)
+        seconds.append(time.perf_counter() - started)
+
+    seconds: list[float] = []
+    peaks = []
+    while len(seconds) < job["repeats"] or sum(seconds) < job["min_seconds"]:
+        peaks.append(cpu_peak_bytes(forecast))
+    result["seconds"] = min(seconds)
+    result["memory"] = weights + min(peaks)
+    if setting == "original":
+        result["attention_seconds"] = _attention_seconds(model, batch)
+    if job["wql"]:
+        result["wql"] = _energy_wql(model)
     queue.put(result)
 
 
@@ -150,21 +196,64 @@ def measure(**job) -> dict:
     return result
 
 
+def layer_speedups(widths, token_counts, repeats: int) -> None:
+    """Dense [d, d] against rank d/4 and d/8 factors, on each number of rows, for each d."""
+    print("\none projection [d, d]: speed-up of the factored layer (rank d/4, d/8)")
+    print(
+        f"{'d_model':<10}"
+        + "".join(f"{f'{n} tokens':>22}" for n in token_counts)
+        + "\n"
+        + " " * 10
+        + f"{'dense ms  d/4   d/8':>22}" * len(token_counts)
+    )
+    for d in widths:
+        cells = []
+        for tokens in token_counts:
+            x = torch.randn(tokens, d)
+            layers = [nn.Linear(d, d, bias=False)]
+            layers += [
+                nn.Sequential(nn.Linear(d, d // f, bias=False), nn.Linear(d // f, d, bias=False))
+                for f in (4, 8)
+            ]
+            best = []
+            with torch.no_grad():
+                for layer in layers:
+                    layer(x)  # warm-up
+                    seconds = float("inf")
+                    for _ in range(repeats):
+                        started = time.perf_counter()
+                        layer(x)
+                        seconds = min(seconds, time.perf_counter() - started)
+                    best.append(seconds)
+            cells.append(
+                f"{best[0] * 1e3:>10.3f}" + "".join(f"{best[0] / b:>6.2f}" for b in best[1:])
+            )
+        print(f"{d:<10}" + "".join(f"{c:>22}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["chronos", "chronos_bolt"])
     parser.add_argument("--sizes", nargs="+", default=["bundled", "official"])
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.05, 0.1, 0.2, 0.3])
-    parser.add_argument(
-        "--rank-fractions", nargs="+", type=float, default=[0.5, 0.25, 0.125, 0.0625]
-    )
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--rank-fractions", nargs="+", type=float, default=[0.25, 0.125, 0.0625])
+    parser.add_argument("--batch", type=int, help="windows per forecast (default: per model)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--min-seconds", type=float, default=2.0, help="repeat a forecast at least this long"
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--widths", nargs="+", type=int, default=[64, 128, 256, 512, 1024, 2048])
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads, load {os.getloadavg()[0]:.2f}")
-    common = dict(batch=args.batch, repeats=args.repeats, threads=args.threads)
     for name in args.models:
+        common = dict(
+            batch=args.batch or BATCH[name],
+            repeats=args.repeats,
+            min_seconds=args.min_seconds,
+            threads=args.threads,
+        )
         for size in args.sizes:
             bundled = size == "bundled"
             settings = (
@@ -172,39 +261,38 @@ def main() -> None:
                 if bundled
                 else [f"fraction{f:g}" for f in args.rank_fractions]
             )
-            base = measure(
-                model=name, size=size, setting="original", forecast=False, wql=False, **common
-            )
-            original = measure(
-                model=name, size=size, setting="original", forecast=True, wql=bundled, **common
-            )
+            original = measure(model=name, size=size, setting="original", wql=bundled, **common)
+            inside, total = original["attention_seconds"]
+            share = inside / total
             print(
-                f"\n{name}, {size} ({original['parameters'] / 1e6:.1f} M parameters): "
-                f"forecast {original['seconds']:.2f} s for {args.batch} windows"
+                f"\n{name}, {size} ({original['parameters'] / 1e6:.1f} M parameters): forecast "
+                f"{original['seconds']:.2f} s for {common['batch']} windows, "
+                f"{original['memory'] / 2**20:.0f} MiB; attention projections {share:.0%} of it"
             )
-            columns = ["attn size", "params", "time", "speed-up", "memory"]
+            columns = ["attn size", "params", "time", "speed-up", "bound", "memory"]
             columns += ["WQL"] if bundled else []
             print(f"{'setting':<14}" + "".join(f"{c:>10}" for c in columns))
-            own = max(1, original["rss_kb"] - base["rss_kb"])
             for setting in settings:
-                r = measure(
-                    model=name, size=size, setting=setting, forecast=True, wql=bundled, **common
-                )
+                r = measure(model=name, size=size, setting=setting, wql=bundled, **common)
                 before, after = r["attention"]
+                kept = after / before
                 cells = [
-                    after / before,
+                    kept,
                     r["parameters"] / original["parameters"],
                     r["seconds"] / original["seconds"],
                     original["seconds"] / r["seconds"],
-                    max(1, r["rss_kb"] - base["rss_kb"]) / own,
+                    1 / (1 - share * (1 - kept)),
+                    r["memory"] / original["memory"],
                 ]
                 if bundled:
                     cells.append(r["wql"] / original["wql"])
                 print(f"{setting:<14}" + "".join(f"{c:>10.3f}" for c in cells))
     print(
-        "\nratios compressed / original (speed-up = original time / compressed time); memory: "
-        "peak RSS of the forecasting process above the process that only built the original"
+        "\nratios compressed / original (speed-up = original time / compressed time; bound = the "
+        "most that factoring the attention projections can give); memory: weights + the "
+        "forecast's peak resident memory above them"
     )
+    layer_speedups(args.widths, token_counts=(64, 4096), repeats=max(20, args.repeats))
 
 
 if __name__ == "__main__":
