@@ -47,8 +47,9 @@ from isoprobe.models.compression import (
     attention_sizes,
     compress_attention,
     factor_at_rank_fraction,
+    linear_owners,
 )
-from isoprobe.tasks.peak_memory import cpu_peak_bytes
+from isoprobe.tasks.peak_memory import cpu_peak_bytes, weight_bytes
 from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -125,9 +126,9 @@ def _energy_wql(model) -> float:
 
 def _attention_seconds(model, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
     """(seconds inside the attention projections, seconds in all) of one seeded forecast."""
-    owners = {id(m.weight): m for m in model.modules() if isinstance(m, nn.Linear)}
+    owners = linear_owners(model)
     projections = [
-        owners[id(weight)]
+        owners[id(weight)][1]
         for block in model.attention_weights().values()
         for weight in block.values()
         if id(weight) in owners
@@ -163,7 +164,7 @@ def _measure(job: dict, queue) -> None:
     elif setting.startswith("fraction"):
         result["attention"] = attention_sizes(factor_at_rank_fraction(model, float(setting[8:])))
     result["parameters"] = sum(p.numel() for p in model.parameters())
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    weights = weight_bytes(model)
     batch = _batch(job["batch"])
 
     def forecast() -> None:

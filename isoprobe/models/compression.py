@@ -99,7 +99,9 @@ class ProjectionReport:
     status: str
 
 
-def _owners(model: nn.Module) -> dict[int, tuple[str, nn.Linear]]:
+def linear_owners(model: nn.Module) -> dict[int, tuple[str, nn.Linear]]:
+    """``id`` of each ``nn.Linear``'s weight -> (module path, that layer): which module applies a
+    projection that ``attention_weights()`` names."""
     return {
         id(module.weight): (name, module)
         for name, module in model.named_modules()
@@ -127,7 +129,7 @@ def compress_attention(model: nn.Module, eps: float | dict[str, float]) -> list[
 def _replace_projections(model: nn.Module, setting, always: bool = False) -> list[ProjectionReport]:
     """Factorise each projection at ``setting(block, weight)`` = (eps, rank); (None, None) keeps
     it."""
-    owners = _owners(model)
+    owners = linear_owners(model)
     reports = []
     for block, projections in model.attention_weights().items():
         for part, weight in projections.items():

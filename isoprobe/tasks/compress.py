@@ -31,7 +31,7 @@ from isoprobe.models.compression import (
     depth_scaled_eps,
     export_compressed,
 )
-from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported
+from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 
 COLUMNS = (
     "epsilon",
@@ -73,7 +73,7 @@ def _memory_bytes(model: ForecastModule, batches: list[dict], seed: int) -> int:
     weights' bytes plus the most resident memory the forecasts added above them (the weights'
     bytes alone where the system cannot report a peak)."""
     if model.device.type != "cuda":
-        weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        weights = weight_bytes(model)
         if not cpu_peak_supported():
             return weights
         return weights + cpu_peak_bytes(lambda: _forecast_seconds(model, batches, seed))

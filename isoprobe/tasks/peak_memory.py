@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 from collections.abc import Callable
 from pathlib import Path
+
+from torch import nn
 
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -26,11 +29,23 @@ def _status_bytes(field: str) -> int:
     raise OSError(f"{STATUS} has no {field}")
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None on a C library without it."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+
+
 def _trim_heap() -> None:
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc is not None and hasattr(ctypes.CDLL(libc), "malloc_trim"):
-        ctypes.CDLL(libc).malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
 
 
 def cpu_peak_supported() -> bool:
