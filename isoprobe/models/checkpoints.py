@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import pickle
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import HFValidationError
 from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from isoprobe.network import host_reachable
 
@@ -51,12 +55,34 @@ def hub_cached(hub_id: str) -> bool:
     return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
 
 
+#: the checkpoints this package ships in ``bundled/`` (a test keeps the list and folder equal)
+SHIPPED = (
+    "chronos-2-mini",
+    "chronos-bolt-mini",
+    "chronos-t5-mini",
+    "lag-llama-mini",
+    "llm-gpt2-mini",
+    "moirai-mini",
+    "patchtst-mini",
+    "timesfm-mini",
+)
+
+
 def bundled_path(name: str) -> Path:
+    """The folder of the shipped checkpoint ``name``; a name isoprobe does not ship, or a
+    shipped one missing from this installation, is refused with what to do instead."""
+    if name not in SHIPPED:
+        raise CheckpointError(
+            f"isoprobe ships no checkpoint {name!r} (it ships {', '.join(SHIPPED)}). Start from "
+            "random weights with model.checkpoint=scratch, or give a local checkpoint directory "
+            "or a hub id as model.checkpoint."
+        )
     path = BUNDLED_DIR / name
     if not (path / "config.json").is_file():
         raise CheckpointError(
-            f"the bundled checkpoint {name!r} is missing at {path}. Reinstall isoprobe, or "
-            "recreate it with the pretraining command in the README (task=pretrain)."
+            f"the bundled checkpoint {name!r} is missing at {path}: this installation of "
+            "isoprobe is incomplete. Reinstall isoprobe, or recreate it with the pretraining "
+            "command in the README (task=pretrain)."
         )
     return path
 
@@ -109,6 +135,85 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
     )
 
 
+def refused_global(err: BaseException) -> str | None:
+    """The global that ``torch.load(weights_only=True)`` refused, as its error names it."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+    return found.group(1) if found else None
+
+
+def pickled_weights_error(source: str, err: pickle.UnpicklingError) -> CheckpointError:
+    """The refusal of pickled weights (``pytorch_model.bin``) that hold more than tensors, which
+    transformers reads with ``weights_only=True``."""
+    return CheckpointError(
+        f"the pickled weights in {source} hold Python objects other than tensors "
+        f"({refused_global(err) or 'not a PyTorch file'}), which are refused because reading "
+        "them could run code. Save the weights as model.safetensors."
+    )
+
+
+def read_json_config(path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json as plain data, or an error naming the file."""
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path.parent} holds no {path.name}: a checkpoint directory needs config.json "
+            "beside its weights. Give the directory an export wrote (task=pretrain, "
+            "task=compress or the model's save_pretrained)."
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(
+            f"{path} is not valid JSON ({err}): the file is corrupt or was edited. Copy or "
+            "export the checkpoint again."
+        ) from err
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} holds {type(config).__name__}, not a JSON object")
+    return config
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, or an error naming the file (missing, truncated or
+    not safetensors at all, such as a pickle saved under that name)."""
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path.parent} holds no {path.name}: the weights are missing beside config.json. "
+            "Copy or export the checkpoint again."
+        )
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"{path} cannot be read ({err}): it is truncated, corrupt or not a safetensors "
+            "file. Copy or export the checkpoint again."
+        ) from err
+
+
+def pretrained_config(source: str, loads: str) -> Any:
+    """``AutoConfig.from_pretrained(source)`` for a model that ``loads`` such checkpoints,
+    never running code shipped with them (``trust_remote_code=False``); an unreadable or
+    unrecognised config.json, or one that asks for its own code, is a :class:`CheckpointError`
+    naming the file and what the model loads."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=False)
+    except ValueError as err:
+        if "trust_remote_code" in str(err) or "custom code" in str(err):
+            raise CheckpointError(
+                f"{source}/config.json asks to run Python code shipped with the checkpoint "
+                "(its auto_map): isoprobe never runs a checkpoint's code (no "
+                f"trust_remote_code). {loads}"
+            ) from None
+        raise CheckpointError(
+            f"{source}/config.json is not a config transformers recognises ({err}). {loads}"
+        ) from None
+    except OSError as err:
+        raise CheckpointError(
+            f"{source}/config.json cannot be read ({err}). Copy or export the checkpoint again. "
+            f"{loads}"
+        ) from None
+
+
 def load_pretrained(model_class: Any, source: str, **kwargs: Any) -> tuple[Any, Mapping[str, Any]]:
     """``model_class.from_pretrained(source)`` in float32, in train mode, with transformers'
     loading report (``missing_keys``, ``unexpected_keys``, ``mismatched_keys``), which
@@ -128,6 +233,8 @@ def load_pretrained(model_class: Any, source: str, **kwargs: Any) -> tuple[Any, 
             f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
             "Copy or export the checkpoint again."
         ) from err
+    except pickle.UnpicklingError as err:
+        raise pickled_weights_error(source, err) from None
     # from_pretrained returns eval mode; Lightning keeps submodule modes, so fine-tuning would
     # otherwise run without dropout
     return model.train(), info

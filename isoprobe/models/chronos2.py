@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig
 
 from isoprobe.models.base import (
     ATTENTION_PROJECTIONS,
@@ -41,6 +40,7 @@ from isoprobe.models.checkpoints import (
     ResolvedCheckpoint,
     check_weights_fit,
     load_pretrained,
+    pretrained_config,
     resolve_checkpoint,
     scratch_fields,
 )
@@ -300,7 +300,9 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Ch
         fields["chronos_config"] = dict(fields["chronos_config"])
         return Chronos2Model(Chronos2CoreConfig(**fields))
     source = resolved.location
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source, "model=chronos2 loads Chronos-2 checkpoints such as amazon/chronos-2."
+    )
     _check_config(config, source)
     model, info = load_pretrained(Chronos2Model, source)
     check_weights_fit(info, source)

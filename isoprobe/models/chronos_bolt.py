@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from torch import Tensor, nn
-from transformers import AutoConfig, T5Config
+from transformers import T5Config
 from transformers.utils import SAFE_WEIGHTS_NAME, cached_file
 
 from isoprobe.models.base import (
@@ -46,6 +46,7 @@ from isoprobe.models.checkpoints import (
     ResolvedCheckpoint,
     check_weights_fit,
     load_pretrained,
+    pretrained_config,
     resolve_checkpoint,
     scratch_fields,
 )
@@ -290,7 +291,10 @@ def _load(
         _check_bolt_config(config, "model.sizes")
         return ChronosBoltModelForForecasting(config)
     source = resolved.location
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source,
+        "model=chronos_bolt loads Chronos-Bolt checkpoints such as amazon/chronos-bolt-small.",
+    )
     _check_bolt_config(config, source)
     model, info = load_pretrained(ChronosBoltModelForForecasting, source)
     _check_weights_fit(model, info, source)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 from chronos import ChronosConfig
 from safetensors import SafetensorError
 from torch import Tensor, nn
-from transformers import AutoConfig, GenerationConfig, T5Config, T5ForConditionalGeneration
+from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration
 
 from isoprobe.models.base import (
     ATTENTION_PROJECTIONS,
@@ -27,7 +28,13 @@ from isoprobe.models.base import (
     check_probe_site,
 )
 from isoprobe.models.chebyshev import chebyshev_embedding
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    pickled_weights_error,
+    pretrained_config,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +279,9 @@ def _load(
             )
         return T5ForConditionalGeneration(T5Config(**scratch_t5)), ChronosConfig(**scratch_chronos)
     source = resolved.location
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source, "model=chronos loads Chronos-T5 checkpoints such as amazon/chronos-t5-small."
+    )
     pipeline = getattr(config, "chronos_pipeline_class", "") or ""
     architectures = " ".join(getattr(config, "architectures", None) or [])
     if "Bolt" in pipeline or "Bolt" in architectures:
@@ -297,6 +306,8 @@ def _load(
             f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
             "Copy or export the checkpoint again."
         ) from err
+    except pickle.UnpicklingError as err:
+        raise pickled_weights_error(source, err) from None
     except (RuntimeError, ValueError, OSError) as err:
         raise CheckpointError(
             f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "

@@ -26,10 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from isoprobe.metrics.rank import rank_from_singular_values
+from isoprobe.models.checkpoints import CheckpointError, read_json_config, read_safetensors
 
 COMPRESSION_JSON = "compression.json"
 COMPRESSION_WEIGHTS = "compression.safetensors"
@@ -282,11 +283,16 @@ def apply_saved_compression(model: nn.Module, directory: str) -> list[Projection
     path = Path(directory)
     if not (path / COMPRESSION_JSON).is_file():
         return None
-    reports = [
-        ProjectionReport(**r)
-        for r in json.loads((path / COMPRESSION_JSON).read_text())["projections"]
-    ]
-    tensors = load_file(str(path / COMPRESSION_WEIGHTS))
+    try:
+        reports = [
+            ProjectionReport(**r) for r in read_json_config(path / COMPRESSION_JSON)["projections"]
+        ]
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"{path / COMPRESSION_JSON} is not what task=compress writes ({err!r}): compress "
+            "the model again."
+        ) from err
+    tensors = read_safetensors(path / COMPRESSION_WEIGHTS)
     for r in reports:
         if r.status != "factored":
             continue

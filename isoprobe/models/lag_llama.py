@@ -35,11 +35,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    read_json_config,
+    read_safetensors,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -321,13 +327,13 @@ class LagLlamaModule(ForecastModule):
             from huggingface_hub import hf_hub_download
 
             return load_official_checkpoint(hf_hub_download(resolved.location, "lag-llama.ckpt"))
-        config = json.loads((directory / "config.json").read_text())
+        config = read_json_config(directory / "config.json")
         missing = [f for f in ARCHITECTURE_FIELDS if f not in config]
         if missing:
             raise CheckpointError(
                 f"{directory}/config.json is not a Lag-Llama config: it lacks {missing}"
             )
-        return config, load_file(str(directory / "model.safetensors"))
+        return config, read_safetensors(directory / "model.safetensors")
 
     # -- features ----------------------------------------------------------------------------
 
@@ -558,9 +564,16 @@ class _AllowListUnpickler(pickle.Unpickler):
         )
 
 
-#: what ``torch.load`` takes as its ``pickle_module``
+def _allow_list_load(file: Any, **kwargs: Any) -> Any:
+    """``pickle.load`` through :class:`_AllowListUnpickler`: ``torch.load`` reads a legacy
+    (non-zip) file's header records with its pickle module's ``load``, so that too must be
+    restricted, or a payload in the first record would run before any tensor is read."""
+    return _AllowListUnpickler(file, **kwargs).load()
+
+
+#: what ``torch.load`` takes as its ``pickle_module``: every read goes through the allow-list
 _allow_list_pickle = types.SimpleNamespace(
-    Unpickler=_AllowListUnpickler, load=pickle.load, __name__="isoprobe_allow_list_pickle"
+    Unpickler=_AllowListUnpickler, load=_allow_list_load, __name__="isoprobe_allow_list_pickle"
 )
 
 

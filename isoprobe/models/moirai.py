@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -31,14 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    read_json_config,
+    read_safetensors,
     resolve_checkpoint,
     scratch_fields,
 )
@@ -366,12 +365,83 @@ def _module_fields(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
             f"{'present' if 'distr_output' in config else 'missing'}; Moirai-MoE has d_ff). "
             "model=moirai loads checkpoints such as Salesforce/moirai-1.1-R-small."
         )
-    from uni2ts.model.moirai.module import decode_distr_output
-
-    fields = dict(config)
-    fields["distr_output"] = decode_distr_output(config["distr_output"])
+    fields = {name: _plain_field(source, name, value) for name, value in config.items()}
+    fields["distr_output"] = distribution_output(source, config["distr_output"])
     fields["patch_sizes"] = tuple(config["patch_sizes"])
     return fields
+
+
+def _plain_field(source: str, name: str, value: Any) -> Any:
+    """A config.json architecture field: a number, a bool or a list of ints (the
+    distribution is read apart, by :func:`distribution_output`)."""
+    plain = isinstance(value, (bool, int, float)) or (
+        isinstance(value, list)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+    if name != "distr_output" and not plain:
+        raise CheckpointError(
+            f"{source}/config.json field {name!r} is {value!r}: Moirai's architecture fields are "
+            "numbers, booleans or lists of integers. Re-export the checkpoint."
+        )
+    return value
+
+
+#: the uni2ts distribution outputs a Moirai config.json may name (its ``_target_``, as uni2ts'
+#: ``encode_distr_output`` writes it) -> their arguments, all plain numbers except a mixture's
+#: ``components``
+DISTRIBUTION_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "uni2ts.distribution.mixture.MixtureOutput": ("components",),
+    "uni2ts.distribution.student_t.StudentTOutput": (),
+    "uni2ts.distribution.normal.NormalOutput": (),
+    "uni2ts.distribution.normal.NormalFixedScaleOutput": ("scale",),
+    "uni2ts.distribution.negative_binomial.NegativeBinomialOutput": (),
+    "uni2ts.distribution.log_normal.LogNormalOutput": (),
+    "uni2ts.distribution.laplace.LaplaceOutput": (),
+    "uni2ts.distribution.laplace.LaplaceFixedScaleOutput": ("scale",),
+    "uni2ts.distribution.pareto.ParetoOutput": (),
+    "uni2ts.distribution.pareto.ParetoFixedAlphaOutput": ("alpha",),
+}
+
+
+def distribution_output(source: str, spec: Any):
+    """The uni2ts ``DistributionOutput`` a config.json's ``distr_output`` describes, built from
+    :data:`DISTRIBUTION_OUTPUTS` by name with plain-number arguments.
+
+    uni2ts' own decoder hands the spec to Hydra's ``instantiate``, which calls any
+    ``uni2ts.*`` target with any arguments, nested calls included: a shared checkpoint could run
+    code through it. Here nothing is instantiated from the file; an unknown target or argument
+    is refused by name."""
+    import uni2ts.distribution as outputs
+
+    if not isinstance(spec, Mapping) or spec.get("_target_") not in DISTRIBUTION_OUTPUTS:
+        target = spec.get("_target_") if isinstance(spec, Mapping) else spec
+        raise CheckpointError(
+            f"{source}/config.json names distr_output {target!r}, which isoprobe does not "
+            f"build: a Moirai distribution is one of {sorted(DISTRIBUTION_OUTPUTS)}. Nothing "
+            "else is instantiated from a checkpoint's config."
+        )
+    target = spec["_target_"]
+    arguments = {key: value for key, value in spec.items() if key != "_target_"}
+    unknown = sorted(set(arguments) - set(DISTRIBUTION_OUTPUTS[target]))
+    if unknown:
+        raise CheckpointError(
+            f"{source}/config.json gives {target} the arguments {unknown}, which it does not "
+            f"take (it takes {list(DISTRIBUTION_OUTPUTS[target]) or 'none'})."
+        )
+    output_class = getattr(outputs, target.rsplit(".", 1)[1])
+    if "components" in arguments:
+        components = arguments["components"]
+        if not isinstance(components, list) or not components:
+            raise CheckpointError(
+                f"{source}/config.json: {target}'s components must be a non-empty list"
+            )
+        return output_class([distribution_output(source, c) for c in components])
+    for key, value in arguments.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CheckpointError(
+                f"{source}/config.json gives {target} {key}={value!r}: it must be a number."
+            )
+    return output_class(**arguments)
 
 
 def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> MoiraiModule:
@@ -382,15 +452,9 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Mo
         fields = {**scratch, "patch_sizes": tuple(scratch["patch_sizes"])}
         return MoiraiModule(distr_output=official_mixture(), **fields)
     source = resolved.location
-    config = json.loads(Path(_fetch(resolved, CONFIG_NAME)).read_text())
+    config = read_json_config(Path(_fetch(resolved, CONFIG_NAME)))
     module = MoiraiModule(**_module_fields(source, config))
-    try:
-        weights = load_file(_fetch(resolved, WEIGHTS_NAME))
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
-            "Copy or export the checkpoint again."
-        ) from err
+    weights = read_safetensors(Path(_fetch(resolved, WEIGHTS_NAME)))
     _check_weights(source, module.state_dict(), weights)
     module.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
     return module.train()

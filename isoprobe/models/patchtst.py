@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, PatchTSTConfig, PatchTSTForPrediction
+from transformers import PatchTSTConfig, PatchTSTForPrediction
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import (
     CheckpointError,
     check_weights_fit,
     load_pretrained,
+    pretrained_config,
     resolve_checkpoint,
 )
 
@@ -244,7 +245,10 @@ def _scratch(
 def _load(
     source: str, head: Mapping[str, str], context: int, horizon: int
 ) -> PatchTSTForPrediction:
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source,
+        "model=patchtst loads PatchTSTForPrediction checkpoints (config.json + model.safetensors).",
+    )
     if config.model_type != "patchtst":
         raise CheckpointError(
             f"{source} is not a PatchTST checkpoint (model_type={config.model_type!r}); "

@@ -36,13 +36,14 @@ from isoprobe.models.checkpoints import (
     ResolvedCheckpoint,
     check_weights_fit,
     load_pretrained,
+    pretrained_config,
     resolve_checkpoint,
     scratch_fields,
 )
 from isoprobe.models.quantiles import interpolation_matrix
 
 try:
-    from transformers import AutoConfig, TimesFmConfig, TimesFmModelForPrediction
+    from transformers import TimesFmConfig, TimesFmModelForPrediction
 except ImportError as err:  # transformers without TimesFM
     raise ImportError(
         f"model=timesfm needs transformers' TimesFmModelForPrediction ({err}). Install it with "
@@ -344,7 +345,10 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> nn
         _check_patches(config, "model.sizes")
         return TimesFmModelForPrediction(config)
     source = resolved.location
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source,
+        "model=timesfm loads TimesFM 2.0 checkpoints such as google/timesfm-2.0-500m-pytorch.",
+    )
     if config.model_type != "timesfm":
         raise CheckpointError(
             f"{source} is not a TimesFM 2.0 checkpoint (model_type={config.model_type!r}). "

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import math
+import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 from transformers import (
-    AutoConfig,
     AutoTokenizer,
     GenerationConfig,
     GPT2Config,
@@ -44,7 +44,13 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
-from isoprobe.models.checkpoints import CheckpointError, ResolvedCheckpoint, resolve_checkpoint
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    pickled_weights_error,
+    pretrained_config,
+    resolve_checkpoint,
+)
 from isoprobe.models.llm.serialization import (
     COMMA,
     DIGITS,
@@ -520,7 +526,9 @@ def _load(
         setattr(config, SERIALIZER_KEY, dataclasses.asdict(serializer))
         return model_class(config), vocabulary, token_map
     source = resolved.location
-    config = AutoConfig.from_pretrained(source)
+    config = pretrained_config(
+        source, "model=llm loads GPT-2 and T5 checkpoints (config.json + model.safetensors)."
+    )
     if config.model_type != arch:
         raise CheckpointError(
             f"{source} holds a {config.model_type!r} model but model.arch={arch}: set "
@@ -537,6 +545,8 @@ def _load(
         raise CheckpointError(
             f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
         ) from err
+    except pickle.UnpicklingError as err:
+        raise pickled_weights_error(source, err) from None
     missing = [k for k in info["missing_keys"] if "lm_head" not in k]
     if missing or info["unexpected_keys"]:
         raise CheckpointError(
@@ -562,7 +572,7 @@ def _vocabulary(source: str) -> tuple[Any, TokenMap]:
         vocabulary = CharVocabulary(json.loads(path.read_text())["tokens"])
         return vocabulary, TokenMap.from_vocabulary(vocabulary)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise CheckpointError(
             f"{source} has no tokenizer: neither isoprobe's {CharVocabulary.FILE} nor Hugging "

@@ -1,0 +1,279 @@
+"""Every path that reads a file a user can be handed runs no code from it.
+
+Each test hands isoprobe a file that would create a marker file if its code ran (a pickle that
+calls ``Path.touch``, a config that names a callable, a config that asks for remote code) and
+checks that the marker is never created and that the error names what was refused."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import pickle
+import re
+import shutil
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.feather
+import pyarrow.parquet
+import pytest
+import torch
+
+from isoprobe.data.local import LocalDataError, load_local
+from isoprobe.models.checkpoints import BUNDLED_DIR, CheckpointError
+from isoprobe.tasks.resume import read_checkpoint
+from isoprobe.tasks.runner import build_model
+from tests.conftest import TINY_MODEL, compose_config
+
+#: configs/model name -> the bundled folder whose config.json a payload directory copies
+TRANSFORMERS_MODELS = {
+    "chronos": "chronos-t5-mini",
+    "chronos_bolt": "chronos-bolt-mini",
+    "chronos2": "chronos-2-mini",
+    "patchtst": "patchtst-mini",
+    "timesfm": "timesfm-mini",
+    "llm": "llm-gpt2-mini",
+}
+
+
+def touch_marker(path: str) -> None:
+    """What a hostile file's code does here: it creates a file."""
+    pathlib.Path(path).touch()
+
+
+#: how a refusal names the payload's global
+REFUSED = re.escape(f"{touch_marker.__module__}.{touch_marker.__name__}")
+
+
+class TouchOnLoad:
+    """Unpickling this calls :func:`touch_marker`, a global every refusal must name."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return touch_marker, (str(self.marker),)
+
+
+def payload(marker: pathlib.Path) -> bytes:
+    """The pickle of :class:`TouchOnLoad`, in protocol 2 as ``torch.save`` writes."""
+    return pickle.dumps(TouchOnLoad(marker), protocol=2)
+
+
+#: the window lengths a bundled model must be built with (PatchTST's head fixes both)
+LENGTHS = {"patchtst": (512, 64)}
+
+
+def build(tmp_path, model: str, checkpoint: str):
+    cfg = compose_config(
+        tmp_path, [f"model={model}", *TINY_MODEL.get(model, []), f"model.checkpoint={checkpoint}"]
+    )
+    context, horizon = LENGTHS.get(model, (32, 8))
+    windows = SimpleNamespace(
+        context_length=context, prediction_length=horizon, season_length=1, freq="h"
+    )
+    return build_model(cfg.model, windows)
+
+
+def bundled_copy(tmp_path, folder: str, keep=("config.json",)) -> pathlib.Path:
+    """A checkpoint directory with some files of a bundled one (its config.json by default)."""
+    directory = tmp_path / "handed"
+    directory.mkdir()
+    for name in keep:
+        shutil.copy(BUNDLED_DIR / folder / name, directory / name)
+    return directory
+
+
+# -- Moirai: config.json's distr_output -------------------------------------------------------
+
+
+def test_moirai_config_naming_a_callable_is_refused_and_runs_nothing(tmp_path):
+    """uni2ts' decoder would instantiate this nest (every target under ``uni2ts.`` passes its
+    check) and so unpickle the payload with ``torch.load(weights_only=False)``."""
+    marker, pickled = tmp_path / "ran", tmp_path / "payload.pkl"
+    pickled.write_bytes(payload(marker))
+    directory = bundled_copy(tmp_path, "moirai-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    target = "uni2ts.distribution._base.torch.load"
+    config["distr_output"] = {"_target_": target, "f": str(pickled), "weights_only": False}
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"distr_output '{target}'"):
+        build(tmp_path, "moirai", str(directory))
+    assert not marker.exists()
+
+
+def test_moirai_mixture_component_naming_a_callable_is_refused(tmp_path):
+    marker, pickled = tmp_path / "ran", tmp_path / "payload.pkl"
+    pickled.write_bytes(payload(marker))
+    directory = bundled_copy(tmp_path, "moirai-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    target = "uni2ts.distribution._base.torch.load"
+    config["distr_output"]["components"][0] = {"_target_": target, "f": str(pickled)}
+    config["distr_output"]["components"][1]["scale"] = {"_target_": target, "f": str(pickled)}
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"distr_output '{target}'"):
+        build(tmp_path, "moirai", str(directory))
+    assert not marker.exists()
+
+
+def test_moirai_distribution_argument_that_is_not_a_number_is_refused(tmp_path):
+    directory = bundled_copy(tmp_path, "moirai-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    config["distr_output"]["components"][1]["scale"] = {"_target_": "os.system"}
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"NormalFixedScaleOutput scale=.*must be a number"):
+        build(tmp_path, "moirai", str(directory))
+
+
+def test_moirai_bundled_config_builds_the_official_mixture(tmp_path):
+    from uni2ts.distribution import MixtureOutput, NormalFixedScaleOutput
+
+    model = build(tmp_path, "moirai", "bundled")
+    mixture = model.module.distr_output
+    assert isinstance(mixture, MixtureOutput)
+    names = [type(c).__name__ for c in mixture.components]
+    assert names == [
+        "StudentTOutput",
+        "NormalFixedScaleOutput",
+        "NegativeBinomialOutput",
+        "LogNormalOutput",
+    ]
+    assert isinstance(mixture.components[1], NormalFixedScaleOutput)
+    assert mixture.components[1].scale == 0.001
+
+
+# -- Lag-Llama: the official Lightning .ckpt and exported directories -------------------------
+
+
+def test_lag_llama_legacy_pickle_file_is_refused_and_runs_nothing(tmp_path):
+    """A non-zip file: ``torch.load`` reads its first record with the pickle module's ``load``."""
+    marker, path = tmp_path / "ran", tmp_path / "lag-llama.ckpt"
+    path.write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        build(tmp_path, "lag_llama", str(path))
+    assert not marker.exists()
+
+
+def test_lag_llama_zip_checkpoint_with_a_payload_is_refused_and_runs_nothing(tmp_path):
+    marker, path = tmp_path / "ran", tmp_path / "lag-llama.ckpt"
+    torch.save({"hyper_parameters": {"x": TouchOnLoad(marker)}, "state_dict": {}}, path)
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        build(tmp_path, "lag_llama", str(path))
+    assert not marker.exists()
+
+
+def test_lag_llama_directory_with_pickled_weights_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = bundled_copy(tmp_path, "lag-llama-mini")
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build(tmp_path, "lag_llama", str(directory))
+    assert not marker.exists()
+
+
+# -- models read through transformers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", sorted(TRANSFORMERS_MODELS))
+def test_pickled_pytorch_weights_are_refused_and_run_nothing(tmp_path, model):
+    """A directory with a pickle ``pytorch_model.bin`` and no safetensors: transformers reads
+    it with ``weights_only=True``, and the refusal names the global."""
+    marker = tmp_path / "ran"
+    directory = bundled_copy(tmp_path, TRANSFORMERS_MODELS[model])
+    if model == "llm":
+        shutil.copy(BUNDLED_DIR / "llm-gpt2-mini" / "llmtime_vocabulary.json", directory)
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=REFUSED):
+        build(tmp_path, model, str(directory))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("model", sorted(TRANSFORMERS_MODELS))
+def test_config_asking_for_remote_code_is_refused_and_runs_nothing(tmp_path, model):
+    """A config.json whose ``auto_map`` points at Python shipped beside it."""
+    marker = tmp_path / "ran"
+    directory = bundled_copy(tmp_path, TRANSFORMERS_MODELS[model])
+    config = json.loads((directory / "config.json").read_text())
+    config["model_type"] = "handed_model"
+    config["auto_map"] = {"AutoConfig": "configuration_handed.HandedConfig"}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "configuration_handed.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import PretrainedConfig\n"
+        "class HandedConfig(PretrainedConfig):\n    model_type = 'handed_model'\n"
+    )
+    with pytest.raises(CheckpointError, match=r"auto_map"):
+        build(tmp_path, model, str(directory))
+    assert not marker.exists()
+
+
+# -- compressed exports, resume checkpoints, data files ---------------------------------------
+
+
+def test_compressed_export_with_pickled_factors_is_refused_and_runs_nothing(tmp_path):
+    from isoprobe.models.compression import COMPRESSION_JSON, COMPRESSION_WEIGHTS
+
+    marker = tmp_path / "ran"
+    directory = bundled_copy(tmp_path, "chronos-bolt-mini", ("config.json", "model.safetensors"))
+    projection = {
+        "block": "encoder.0",
+        "projection": "q",
+        "module": "encoder.block.0.layer.0.SelfAttention.q",
+        "out_features": 128,
+        "in_features": 128,
+        "rank": 4,
+        "status": "factored",
+    }
+    (directory / COMPRESSION_JSON).write_text(json.dumps({"projections": [projection]}))
+    (directory / COMPRESSION_WEIGHTS).write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=rf"{COMPRESSION_WEIGHTS}.*cannot be read"):
+        build(tmp_path, "chronos_bolt", str(directory))
+    assert not marker.exists()
+
+
+def test_resume_checkpoint_with_a_payload_names_the_refused_global(tmp_path):
+    marker, path = tmp_path / "ran", tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "payload": TouchOnLoad(marker)}, path)
+    with pytest.raises(CheckpointError, match=REFUSED):
+        read_checkpoint(str(path))
+    assert not marker.exists()
+
+
+def test_resume_legacy_pickle_file_names_the_refused_global(tmp_path):
+    marker, path = tmp_path / "ran", tmp_path / "last.ckpt"
+    path.write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=REFUSED):
+        read_checkpoint(str(path))
+    assert not marker.exists()
+
+
+def _pickled_extension_table(marker: pathlib.Path) -> pa.Table:
+    """A table whose column declares pyarrow's pickled ``arrow.py_extension_type``: a reader
+    that honoured it would unpickle the metadata."""
+    field = pa.field(
+        "target",
+        pa.list_(pa.float64()),
+        metadata={
+            b"ARROW:extension:name": b"arrow.py_extension_type",
+            b"ARROW:extension:metadata": payload(marker),
+        },
+    )
+    values = pa.array([[1.0, 2.0, 3.0, 4.0] * 20], type=pa.list_(pa.float64()))
+    return pa.Table.from_arrays([values], schema=pa.schema([field]))
+
+
+@pytest.mark.parametrize("suffix", [".arrow", ".parquet"])
+def test_data_file_with_a_pickled_extension_type_runs_nothing(tmp_path, suffix):
+    marker, path = tmp_path / "ran", tmp_path / f"series{suffix}"
+    table = _pickled_extension_table(marker)
+    if suffix == ".arrow":
+        pyarrow.feather.write_feather(table, path)
+    else:
+        pyarrow.parquet.write_table(table, path)
+    try:
+        collection = load_local(str(path))
+    except LocalDataError:
+        pass  # refusing the file is fine; running its code is not
+    else:
+        assert len(collection.series[0]) == 80  # read as the plain list column it stores
+    assert not marker.exists()
