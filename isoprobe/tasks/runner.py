@@ -23,6 +23,7 @@ from isoprobe.models.compression import (
     export_compressed,
     low_rank_attention,
 )
+from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import run_compress
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
 from isoprobe.tasks.memory import check_memory_fits
@@ -36,7 +37,7 @@ from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
 
-TASKS = ("finetune", "probe", "pretrain", "compress")
+TASKS = ("finetune", "probe", "pretrain", "compress", "analyze")
 
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
@@ -82,6 +83,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    if cfg.task.name == "analyze":
+        return run_analyze(cfg)
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)

@@ -1,0 +1,1 @@
+"""Analysis of sweeps: the study table, rank associations, figures and the HTML report."""

@@ -1,0 +1,121 @@
+"""Rank association between a geometry metric and a forecast error, many tests at once.
+
+For one group of runs, ``x`` holds one column per test (a metric at a layer choice) and ``y``
+one column per test too (the forecast metric each test is paired with); rows are runs, and NaN
+marks a run a test lacks. Every statistic is vectorised over the tests:
+
+- Spearman's ρ: the Pearson correlation of the average ranks (scipy's ``rankdata``);
+- a percentile bootstrap interval for ρ: ``n_boot`` resamples of the runs (the same resamples
+  for every test, drawn from a seeded generator), each test's ρ recomputed on every resample
+  as one array operation;
+- a two-sided permutation p-value: ρ recomputed under ``n_perm`` random pairings of the runs,
+  ``p = (1 + #{|ρ_perm| >= |ρ|}) / (1 + n_perm)`` (never 0, as an exact test's p is not);
+- Kendall's τ-b (scipy's ``kendalltau``, one call per test);
+- Benjamini–Hochberg q-values over every test of a table (scipy's ``false_discovery_control``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+#: fewer runs than this in a group give no statistics (a rank correlation of 3 points takes
+#: only the values ±1 and ±0.5)
+MIN_RUNS = 4
+
+
+@dataclass(frozen=True)
+class Association:
+    """Per test (arrays of one value each): runs used, ρ, its interval, τ and p."""
+
+    n: np.ndarray
+    spearman: np.ndarray
+    spearman_lo: np.ndarray
+    spearman_hi: np.ndarray
+    kendall: np.ndarray
+    p_value: np.ndarray
+
+
+def _pearson_columns(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson correlation of matching columns of ``a`` and ``b`` along axis -2 (rows are
+    observations); a constant column gives NaN."""
+    a = a - a.mean(axis=-2, keepdims=True)
+    b = b - b.mean(axis=-2, keepdims=True)
+    denominator = np.sqrt((a * a).sum(axis=-2) * (b * b).sum(axis=-2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denominator > 0, (a * b).sum(axis=-2) / denominator, np.nan)
+
+
+def spearman_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman's ρ of matching columns of complete ``x`` and ``y`` [..., n, tests]."""
+    return _pearson_columns(stats.rankdata(x, axis=-2), stats.rankdata(y, axis=-2))
+
+
+def associate(
+    x: np.ndarray, y: np.ndarray, n_boot: int = 1000, n_perm: int = 1000, seed: int = 0
+) -> Association:
+    """Every statistic of the module docstring for the tests (columns) of ``x`` and ``y``
+    [runs, tests]. Tests with fewer than :data:`MIN_RUNS` complete runs get NaN, and so do the
+    interval when ``n_boot`` is 0 and the p-value when ``n_perm`` is 0."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    tests = x.shape[1]
+    complete = np.isfinite(x) & np.isfinite(y)
+    n = complete.sum(axis=0)
+    out = {k: np.full(tests, np.nan) for k in ("rho", "lo", "hi", "tau", "p")}
+    rng = np.random.default_rng(seed)
+    # tests that share the same complete runs are computed together
+    patterns: dict[bytes, list[int]] = {}
+    for j in np.flatnonzero(n >= MIN_RUNS):
+        patterns.setdefault(complete[:, j].tobytes(), []).append(int(j))
+    for columns in patterns.values():
+        rows = complete[:, columns[0]]
+        xs, ys = x[rows][:, columns], y[rows][:, columns]
+        rho = spearman_columns(xs, ys)
+        out["rho"][columns] = rho
+        out["tau"][columns] = [
+            stats.kendalltau(xs[:, i], ys[:, i]).statistic for i in range(len(columns))
+        ]
+        if n_boot:
+            out["lo"][columns], out["hi"][columns] = _bootstrap_interval(xs, ys, n_boot, rng)
+        if n_perm:
+            out["p"][columns] = _permutation_p(xs, ys, rho, n_perm, rng)
+    return Association(n, out["rho"], out["lo"], out["hi"], out["tau"], out["p"])
+
+
+def _bootstrap_interval(
+    x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator, chunk: int = 200
+) -> tuple[np.ndarray, np.ndarray]:
+    """The 2.5% and 97.5% percentiles of ρ over ``n_boot`` resamples of the rows (a resample
+    in which a column is constant has no ρ and is left out of that column's percentiles)."""
+    runs = x.shape[0]
+    draws = []
+    for start in range(0, n_boot, chunk):
+        index = rng.integers(0, runs, size=(min(chunk, n_boot - start), runs))
+        draws.append(spearman_columns(x[index], y[index]))
+    rhos = np.concatenate(draws)
+    with np.errstate(invalid="ignore"):
+        lo, hi = np.nanpercentile(rhos, [2.5, 97.5], axis=0)
+    return lo, hi
+
+
+def _permutation_p(
+    x: np.ndarray, y: np.ndarray, rho: np.ndarray, n_perm: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Two-sided permutation p-value of ρ: ``y``'s ranks re-paired at random with ``x``'s."""
+    rx, ry = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
+    order = np.argsort(rng.random((n_perm, x.shape[0])), axis=1)
+    permuted = _pearson_columns(np.broadcast_to(rx, (n_perm, *rx.shape)), ry[order])
+    extreme = np.abs(permuted) >= np.abs(rho) - 1e-12
+    return (1 + extreme.sum(axis=0)) / (1 + n_perm)
+
+
+def q_values(p: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values of the finite entries of ``p`` (NaN stays NaN)."""
+    p = np.asarray(p, dtype=float)
+    q = np.full_like(p, np.nan)
+    finite = np.isfinite(p)
+    if finite.any():
+        q[finite] = stats.false_discovery_control(p[finite], method="bh")
+    return q

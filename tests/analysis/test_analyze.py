@@ -1,0 +1,200 @@
+"""task=analyze on real tiny runs: the join, the pairing, the report, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+
+from isoprobe.analysis.correlations import CORRELATION_COLUMNS, within_runs
+from isoprobe.analysis.study import AnalysisError, Study, load_study
+from tests.conftest import ROOT, TINY_MODEL, TINY_RUN
+
+pytestmark = pytest.mark.slow
+
+MODELS = ("chronos_bolt", "patchtst")
+
+
+def run(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """Two zero-shot multiruns, each model × energy, weather: four runs under one folder."""
+    root = tmp_path_factory.mktemp("sweep")
+    tiny = [o for o in TINY_RUN if not o.startswith(("trainer.max_epochs", "data.max_train"))]
+    for model in MODELS:
+        run(
+            "-m",
+            "task=probe",
+            f"model={model}",
+            *TINY_MODEL[model],
+            "data=energy,weather",
+            *tiny,
+            "logger=none",
+            f"hydra.sweep.dir={root / model}",
+            cwd=root,
+        )
+    return root
+
+
+@pytest.fixture(scope="module")
+def analysis(sweep) -> Path:
+    out = sweep.parent / (sweep.name + "-analysis")
+    run(
+        "task=analyze",
+        f"analyze.runs={sweep}",
+        "analyze.n_boot=200",
+        "analyze.n_perm=200",
+        f"hydra.run.dir={out}",
+        cwd=sweep.parent,
+    )
+    return out
+
+
+def run_dirs(sweep: Path) -> list[Path]:
+    return sorted(p.parent.parent for p in sweep.glob("**/.hydra/config.yaml"))
+
+
+def last_block(records: pd.DataFrame) -> str:
+    blocks = [layer for layer in pd.unique(records["layer"]) if layer.rsplit(".", 1)[-1].isdigit()]
+    return blocks[-1]
+
+
+def test_study_holds_every_record_with_its_runs_factors_and_forecast(sweep, analysis):
+    study = pd.read_csv(analysis / "study.csv")
+    runs = run_dirs(sweep)
+    assert len(runs) == 4
+    total = 0
+    for directory in runs:
+        name = str(directory.relative_to(sweep))
+        config = yaml.safe_load((directory / ".hydra" / "config.yaml").read_text())
+        summary = json.loads((directory / "summary.json").read_text())
+        records = pd.concat(
+            [pd.read_csv(directory / f) for f in ("probe_metrics.csv", "rank_metrics.csv")]
+        )
+        total += len(records)
+        mine = study[study["run"] == name]
+        assert len(mine) == len(records)
+        assert set(mine["model"]) == {config["model"]["name"]}
+        assert set(mine["dataset"]) == {config["data"]["dataset"]}
+        assert set(mine["context_length"]) == {config["data"]["context_length"]}
+        assert mine["before_test_nmse"].iloc[0] == pytest.approx(summary["before"]["test/nmse"])
+        assert mine["before_test_wql"].iloc[0] == pytest.approx(summary["before"]["test/wql"])
+    assert len(study) == total
+    assert set(pd.read_parquet(analysis / "study.parquet")["run"]) == set(study["run"])
+
+
+def test_last_layer_correlation_equals_scipy_on_the_run_files(sweep, analysis):
+    table = pd.read_csv(analysis / "correlations.csv")
+    assert list(table.columns[: len(CORRELATION_COLUMNS)]) == list(CORRELATION_COLUMNS)
+    values, errors = [], []
+    for directory in run_dirs(sweep):
+        records = pd.read_csv(directory / "probe_metrics.csv")
+        at = records[(records["metric"] == "cos_inter") & (records["epoch"] == 0)]
+        values.append(at[at["layer"] == last_block(records)]["value"].iloc[0])
+        errors.append(json.loads((directory / "summary.json").read_text())["before"]["test/nmse"])
+    row = table[
+        (table["metric"] == "cos_inter")
+        & (table["layer"] == "last")
+        & (table["forecast_metric"] == "before_test_nmse")
+        & (table["group"] == "all")
+    ].iloc[0]
+    assert row["n"] == 4
+    assert row["spearman"] == pytest.approx(stats.spearmanr(values, errors).statistic)
+    assert row["kendall"] == pytest.approx(stats.kendalltau(values, errors).statistic)
+    assert row["spearman_lo"] <= row["spearman"] <= row["spearman_hi"]
+    # two runs per model: no statistics for a model's own group
+    per_model = table[table["group"] == "model=patchtst"]
+    assert (per_model["n"] <= 2).all() and per_model["spearman"].isna().all()
+
+
+def test_report_embeds_the_figures_and_a_sortable_table(analysis):
+    page = (analysis / "report.html").read_text()
+    for figure in ("papers_form", "scatter", "heatmap"):
+        assert (analysis / f"{figure}.png").is_file()
+    assert page.count("data:image/png;base64,") == 3
+    assert 'class="dataframe sortable"' in page and "addEventListener" in page
+    assert "Benjamini" in page and "fewer than 4 runs" in page
+    assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
+
+
+def test_no_runs_found_says_where_it_looked(tmp_path):
+    with pytest.raises(AnalysisError, match=f"no runs found .*Looked in: {tmp_path}"):
+        load_study([str(tmp_path)])
+
+
+def copy_with(sweep: Path, tmp_path: Path, edit) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(sweep, target)
+    edit(run_dirs(target)[0])
+    return target
+
+
+def test_runs_probed_differently_are_refused_unless_allowed(sweep, tmp_path):
+    def more_tokens(directory: Path) -> None:
+        path = directory / ".hydra" / "config.yaml"
+        config = yaml.safe_load(path.read_text())
+        config["callbacks"]["isotropy"]["max_tokens"] = 999
+        path.write_text(yaml.safe_dump(config))
+
+    copied = copy_with(sweep, tmp_path, more_tokens)
+    with pytest.raises(AnalysisError, match=r"callbacks\.isotropy\.max_tokens: 300, 999"):
+        load_study([str(copied)])
+    assert len(load_study([str(copied)], allow_mixed=True).runs) == 4
+
+
+def test_a_run_without_forecast_metrics_is_left_out_and_named(sweep, tmp_path):
+    copied = copy_with(sweep, tmp_path, lambda d: (d / "summary.json").unlink())
+    study = load_study([str(copied)])
+    assert len(study.runs) == 3
+    assert list(study.left_out.values()) == [
+        "no forecast metrics (summary.json without before/after)"
+    ]
+
+
+def test_glob_and_several_paths_find_the_same_runs(sweep):
+    by_glob = load_study([str(sweep / "*")])
+    by_list = load_study([str(sweep / m) for m in MODELS])
+    assert sorted(by_glob.runs["run"]) == sorted(by_list.runs["run"])
+    assert len(by_glob.runs) == 4
+
+
+def test_within_run_association_over_epochs():
+    epochs = np.arange(6)
+    rows = []
+    for run, sign in (("a", 1), ("b", -1)):
+        for e in epochs:
+            rows.append(
+                {
+                    "run": run,
+                    "probe": "isotropy",
+                    "epoch": e,
+                    "layer": "encoder.0",
+                    "metric": "cos_inter",
+                    "value": float(e),
+                    "val_loss": sign * e**2,
+                }
+            )
+    study = Study(pd.DataFrame(rows), pd.DataFrame(), [], pd.DataFrame())
+    within = within_runs(study).set_index("run")
+    assert within.loc["a", "spearman"] == pytest.approx(1.0)
+    assert within.loc["b", "spearman"] == pytest.approx(-1.0)
+    assert set(within["epochs"]) == {6}
