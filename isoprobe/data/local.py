@@ -192,13 +192,11 @@ def _no_id_column(
 def _holds_numbers(values: pd.Series) -> bool:
     """Whether a column is numeric or at least half of its non-empty cells are numbers (a
     column of numbers with a stray typo still counts; ``_numeric`` then names the typo)."""
-    if pd.api.types.is_numeric_dtype(values):
-        return True
     filled = values.dropna().astype(str).str.strip()
     filled = filled[filled != ""]
-    return (
-        bool(pd.to_numeric(filled, errors="coerce").notna().mean() >= 0.5) if len(filled) else True
-    )
+    if pd.api.types.is_numeric_dtype(values) or filled.empty:
+        return True
+    return bool(pd.to_numeric(filled, errors="coerce").notna().mean() >= 0.5)
 
 
 def _numeric(values: pd.Series, file: Path, what: str) -> np.ndarray:

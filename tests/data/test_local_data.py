@@ -264,6 +264,14 @@ def test_auto_refuses_a_file_it_cannot_read_one_way_and_lists_the_options(tmp_pa
         assert option in message
 
 
+def test_a_typo_in_a_wide_file_is_named_not_taken_for_an_id_column(tmp_path):
+    times = pd.date_range("2024-01-01", periods=len(B), freq="h")
+    frame = pd.DataFrame({"timestamp": times, "a": B.astype(object)})
+    frame.loc[3, "a"] = "1,5"
+    with pytest.raises(LocalDataError, match=r"1 non-numeric value.*'1,5' at row 3"):
+        load_local(save(frame, tmp_path / "wide.csv"))
+
+
 def test_the_file_is_read_as_told_once_the_options_are_set(tmp_path):
     frame = long_frame().rename(columns={"item_id": "store", "target": "sales"})
     path = save(frame, tmp_path / "named.csv")
