@@ -320,7 +320,7 @@ def _check_loader_kwargs(spec: DatasetSpec, kwargs: dict[str, Any]) -> None:
 
 class LocalDataModule(TimeSeriesDataModule):
     """:class:`TimeSeriesDataModule` over your own file (``data=local data.path=<file>``): the
-    reading options of :func:`isoprobe.data.local.load_local` (``layout``, ``id_column``,
+    reading options of :func:`isoprobe.data.local.load_local` (``format``, ``id_column``,
     ``timestamp_column``, ``target_column``, ``freq``, ``season_length``) are ``data.*`` keys of
     their own, and a series shorter than one window is an error by default."""
 

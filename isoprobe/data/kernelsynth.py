@@ -78,7 +78,7 @@ SEASON_LENGTH = {"seasonality_1": 84, "seasonality_2": 6}
 
 
 def kernel_bank(length: int = LENGTH) -> list[Kernel]:
-    """The 33 kernels of KernelSynth (DATA.md) for series of ``length`` points on [0, 1].
+    """The 33 kernels of Chronos' KernelSynth bank for series of ``length`` points on [0, 1].
 
     Periods are in time steps (``p / length`` on [0, 1]), as in Chronos at length 1024; length
     scales are on [0, 1].

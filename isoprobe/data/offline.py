@@ -1,15 +1,18 @@
-"""Real data sets that ship inside Python packages and load with no network (DATA.md).
+"""Real data sets that ship inside Python packages and load with no network.
 
-Two per domain, one loader each. Every loader returns univariate float64 series in time order,
-put on a regular grid of the data set's frequency from the first to the last observation of each
-series: a missing time step becomes NaN, which the DataModule's ``nan_policy`` then imputes,
-drops or refuses. Stock prices are the exception: they are kept per trading day ("B").
+Two per domain (energy, weather, finance, healthcare, transport, retail), one loader each.
+Every loader returns univariate float64 series in time order, put on a regular grid of the data
+set's frequency from the first to the last observation of each series: a missing time step
+becomes NaN, which the DataModule's ``nan_policy`` then imputes, drops or refuses. Stock prices
+are the exception: they are kept per trading day ("B").
 
 ``season_length`` follows gluonts' ``get_seasonality`` (the convention of the Chronos benchmark's
 MASE): 30min 48, 5min 288, h 24, B 5, D 1, W 1, MS 12.
 
-Three sets of DATA.md's table ship with no installed package (taylor, co2, wineind); they are
-replaced by series from the packages already required (see ``REPLACED``).
+Three sets first chosen for these domains ship with no installed package: Taylor's half-hourly
+electricity demand of England and Wales and wineind (Australian wine sales), both from the R
+package forecast, and the Mauna Loa CO2 record. Series from the packages already required stand
+in for them (``REPLACED``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ GPL3 = "GPL-3 (R package tsibbledata / fpp3)"
 BOKEH = "bokeh_sampledata.{module}"
 VEGA = "vega_datasets.local_data.{name}()"
 
-#: DATA.md's sets that no installed package carries, and what stands in for them.
+#: the sets first chosen that no installed package carries, and what stands in for them.
 REPLACED = {
     "taylor": "epf_prices",
     "co2": "sea_surface_temperature",
@@ -97,7 +100,8 @@ def load_vic_elec() -> SeriesCollection:
 def load_epf_prices() -> SeriesCollection:
     """Hourly day-ahead electricity prices (EUR/MWh) of France and Belgium, 2015-2016.
 
-    Stands in for DATA.md's Taylor half-hourly demand, which no installed package carries."""
+    Stands in for Taylor's half-hourly electricity demand of England and Wales (R package
+    forecast), which no installed package carries."""
     from tsdata import fpppy
 
     frame = fpppy.raw["EPF_FR_BE"].assign(t=lambda f: pd.to_datetime(f["ds"]))
@@ -133,7 +137,7 @@ def load_seattle_weather() -> SeriesCollection:
 def load_sea_surface_temperature() -> SeriesCollection:
     """Half-hourly sea surface temperature (C) at NERACOOS buoy B01, Gulf of Maine, 2016-2017.
 
-    Stands in for DATA.md's Mauna Loa CO2, whose only installed-package source (statsmodels)
+    Stands in for the Mauna Loa CO2 record, whose only installed-package source (statsmodels)
     is not a dependency."""
     from bokeh_sampledata import sea_surface_temperature as sst
 
@@ -232,8 +236,8 @@ def load_us_retail_employment() -> SeriesCollection:
     """Monthly US employment (thousands) in retail trade and its 14 sub-sectors, 1939-2019; a
     sub-sector's series starts with its first record.
 
-    Stands in for DATA.md's wineind (Australian wine sales), which no installed package
-    carries."""
+    Stands in for wineind (Australian wine sales, R package forecast), which no installed
+    package carries."""
     frame = _fpp3("us_employment")
     frame = frame[frame["Title"].str.startswith("Retail Trade")]
     frame = frame.assign(t=_month(frame["Month"]))
