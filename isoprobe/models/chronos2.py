@@ -75,6 +75,9 @@ class Chronos2Module(ForecastModule):
         size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
         sizes: named ``Chronos2CoreConfig`` fields with a ``chronos_config``
             (``Chronos2ForecastingConfig`` fields), as in the official config.json.
+        sort_quantiles: sort the model's quantiles per step before they are interpolated to
+            ``quantile_levels`` (crossing quantiles are no quantiles); ``False`` keeps them as
+            ``Chronos2Pipeline`` does, so that forecasts are the pipeline's.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
 
@@ -85,11 +88,13 @@ class Chronos2Module(ForecastModule):
         bundled_name: str = "chronos-2-mini",
         size: str = "mini",
         sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        sort_quantiles: bool = True,
         **base: Any,
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
+        self.sort_quantiles = bool(sort_quantiles)
         config = self.model.chronos_config
         if self.context_length > config.context_length:
             log.warning(
@@ -196,10 +201,13 @@ class Chronos2Module(ForecastModule):
     @torch.no_grad()
     def forecast(self, batch: Batch) -> Forecast:
         """Quantiles at ``self.quantile_levels``: the model's quantiles sorted per step (the
-        monotone rearrangement; nothing changes where the heads do not cross), then linearly
-        interpolated between its levels, as ``Chronos2Pipeline.predict_quantiles``; the median
-        is the model's 0.5 level (the pipeline's point forecast)."""
-        heads = self._heads(batch["context"]).sort(dim=1).values
+        monotone rearrangement; nothing changes where the heads do not cross; not with
+        ``sort_quantiles`` off, as the pipeline), then linearly interpolated between its levels,
+        as ``Chronos2Pipeline.predict_quantiles``; the median is the model's 0.5 level (the
+        pipeline's point forecast)."""
+        heads = self._heads(batch["context"])
+        if self.sort_quantiles:
+            heads = heads.sort(dim=1).values
         quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
         return Forecast(quantiles, self.quantile_levels, heads[:, self.median_index])
 

@@ -14,10 +14,10 @@ Forecasts follow ``ChronosBoltPipeline.predict``: one direct pass for up to the 
 ``prediction_length`` steps, and for a longer horizon its autoregressive heuristic (each
 predicted quantile path appended to the context, the Q x Q resulting paths reduced to Q
 empirical quantiles). The model's quantiles are then sorted per step (the monotone
-rearrangement; it changes nothing where the heads do not cross) and linearly interpolated to
-``quantile_levels`` (:func:`isoprobe.models.quantiles.interpolation_matrix`), flat beyond the
-model's outermost levels, which is what the pipeline's ``predict_quantiles`` does on the
-official 0.1..0.9 grid.
+rearrangement; it changes nothing where the heads do not cross; ``sort_quantiles=False`` keeps
+them as the pipeline does) and taken to ``quantile_levels`` as the pipeline's
+``predict_quantiles`` does: the model's own levels as they are, other levels linearly
+interpolated, flat beyond the model's outermost levels (:mod:`isoprobe.models.quantiles`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ from isoprobe.models.checkpoints import (
     resolve_checkpoint,
     scratch_fields,
 )
-from isoprobe.models.quantiles import interpolation_matrix
+from isoprobe.models.quantiles import (
+    interpolation_matrix,
+    is_evenly_spaced,
+    quantiles_of_padded_heads,
+)
 
 try:
     from chronos.chronos_bolt import ChronosBoltConfig, ChronosBoltModelForForecasting
@@ -89,6 +93,9 @@ class ChronosBoltModule(ForecastModule):
         sizes: named ``T5Config`` fields with a ``chronos_config`` (``ChronosBoltConfig``
             fields), as in the official config.json files (``mini``: the bundled shape;
             ``official_tiny`` .. ``official_base``: the released ones).
+        sort_quantiles: sort the model's quantiles per step before they are taken to
+            ``quantile_levels`` (crossing quantiles are no quantiles); ``False`` keeps them as
+            ``ChronosBoltPipeline`` does, so that forecasts are the pipeline's exactly.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
 
@@ -99,11 +106,13 @@ class ChronosBoltModule(ForecastModule):
         bundled_name: str = "chronos-bolt-mini",
         size: str = "mini",
         sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        sort_quantiles: bool = True,
         **base: Any,
     ) -> None:
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
+        self.sort_quantiles = bool(sort_quantiles)
         bolt = self.model.chronos_config
         if self.context_length > bolt.context_length:
             log.warning(
@@ -136,7 +145,28 @@ class ChronosBoltModule(ForecastModule):
         self.register_buffer(
             "median_weights", interpolation_matrix((0.5,), grid)[0], persistent=False
         )
+        self.pads_heads = self._pads_heads(grid)
         log.info("Chronos-Bolt weights: %s", self.resolved_checkpoint.describe())
+
+    def _pads_heads(self, grid: tuple[float, ...]) -> bool:
+        """Whether :meth:`forecast` takes levels off the model's grid by the pipeline's rule
+        (:func:`quantiles_of_padded_heads`) rather than by :func:`interpolation_matrix`: for
+        unsorted heads always (it is the pipeline's), for sorted ones where the grid is evenly
+        spaced (the same interpolation, with the pipeline's float rounding)."""
+        if all(level in grid for level in self.quantile_levels):
+            return False  # the model's own levels, picked as they are
+        if self.sort_quantiles:
+            return is_evenly_spaced(grid)
+        if not is_evenly_spaced(grid):
+            log.warning(
+                "model.sort_quantiles=false on Chronos-Bolt quantiles %s, which are not evenly "
+                "spaced: ChronosBoltPipeline's rule for levels off them, reproduced here, puts "
+                "its heads at levels i / %d. Keep model.sort_quantiles=true to interpolate "
+                "between the model's own levels.",
+                grid,
+                len(grid) + 1,
+            )
+        return True
 
     # ----------------------------------------------------------------- inputs and decoding
     def _window(self, context: Tensor) -> Tensor:
@@ -181,11 +211,17 @@ class ChronosBoltModule(ForecastModule):
 
     @torch.no_grad()
     def forecast(self, batch: Batch) -> Forecast:
-        """Quantiles at ``self.quantile_levels``: the model's quantiles (:meth:`_predict`)
-        sorted per step, then linearly interpolated between its levels; the median is the 0.5
-        level of the same curve."""
-        heads = self._predict(batch["context"]).sort(dim=1).values
-        quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
+        """Quantiles at ``self.quantile_levels``: the model's quantiles (:meth:`_predict`),
+        sorted per step unless ``sort_quantiles`` is off, then taken to the levels (its own as
+        they are, others linearly interpolated; :meth:`_pads_heads`); the median is the 0.5
+        level of the same curve (the 0.5 head where the model has one, as the pipeline's)."""
+        heads = self._predict(batch["context"])
+        if self.sort_quantiles:
+            heads = heads.sort(dim=1).values
+        if self.pads_heads:
+            quantiles = quantiles_of_padded_heads(heads, self.quantile_levels)
+        else:
+            quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
         median = torch.einsum("bgh,g->bh", heads, self.median_weights.to(heads.dtype))
         return Forecast(quantiles, self.quantile_levels, median)
 

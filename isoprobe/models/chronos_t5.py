@@ -93,29 +93,46 @@ class ChronosT5Module(ForecastModule):
                 )
             saved = {"kind": "chebyshev", "rank": int(chebyshev_rank)}
             setattr(t5.config, FIXED_EMBEDDING_KEY, saved)
-        if self.context_length > chronos_config.context_length:
-            log.warning(
-                "data.context_length=%d is longer than the %d steps this Chronos-T5 checkpoint "
-                "was trained on: its relative positions extrapolate, and attention memory grows "
-                "with the square of the context.",
-                self.context_length,
-                chronos_config.context_length,
-            )
         self.t5 = t5
+        # what tokenising and sampling use: the model's context (the tokenizer keeps the last
+        # context_length steps, as ChronosPipeline's does), the run's horizon (label tokens are
+        # checked against it) and the run's sampling settings
         self.chronos_config = dataclasses.replace(
             chronos_config,
-            context_length=self.context_length,
             prediction_length=self.prediction_length,
             num_samples=num_samples,
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
         )
+        self.saved_chronos_config = chronos_config
+        if self.resolved_checkpoint.kind == "scratch":
+            # a model pretrained here learns the run's windows: its config records them
+            self.chronos_config = dataclasses.replace(
+                self.chronos_config, context_length=self.context_length
+            )
+            self.saved_chronos_config = self.chronos_config
+        self._warn_if_context_is_cut()
         self.tokenizer = self.chronos_config.create_tokenizer()
         fixed = None if saved is None else self._chebyshev_embedding(saved["rank"])
         self.register_buffer("fixed_embedding", fixed, persistent=False)
         self.embed_tap = nn.Identity()
         log.info("Chronos-T5 weights: %s", self.resolved_checkpoint.describe())
+
+    def _warn_if_context_is_cut(self) -> None:
+        model_context = self.chronos_config.context_length
+        if self.context_length > model_context:
+            log.warning(
+                "data.context_length=%d is longer than this Chronos-T5 checkpoint's context of "
+                "%d steps: like ChronosPipeline, the model reads only the last %d steps.",
+                self.context_length,
+                model_context,
+                model_context,
+            )
+
+    def _context_tokens(self) -> int:
+        """Encoder positions of a window: the steps the model reads, plus EOS."""
+        return min(self.context_length, self.chronos_config.context_length) + 1
 
     def _chebyshev_embedding(self, rank: int) -> Tensor:
         """The encoder's fixed input embedding [n_tokens, d_model]: every token's bin centre
@@ -142,9 +159,12 @@ class ChronosT5Module(ForecastModule):
         """Write the model as a Hugging Face directory that ``checkpoint=<directory>`` loads.
 
         ``dtype="float16"`` halves the file (the bundled checkpoint); loading casts back to fp32.
+        Its ``chronos_config`` is the loaded checkpoint's, unchanged, so that ``ChronosPipeline``
+        reads as many steps as the checkpoint did; a model pretrained here (scratch) records the
+        run's lengths and sampling settings.
         """
-        self.t5.config.chronos_config = dataclasses.asdict(self.chronos_config)
         export = copy.deepcopy(self.t5).to(getattr(torch, dtype))
+        export.config.chronos_config = dataclasses.asdict(self.saved_chronos_config)
         export.save_pretrained(directory, safe_serialization=True)
 
     def training_memory_bytes(self, batch_size: int) -> int:
@@ -153,7 +173,7 @@ class ChronosT5Module(ForecastModule):
         dropout output: 3 x B x H x T^2) and the hidden activations (~ B x T x (8 d_model + 2
         d_ff)); the decoder's are the same with the horizon, plus cross-attention."""
         config = self.t5.config
-        tokens = self.context_length + 1  # EOS
+        tokens = self._context_tokens()
         steps = self.prediction_length + 1  # start token
         heads, width, ff = config.num_heads, config.d_model, config.d_ff
         encoder = 3 * heads * tokens**2 + tokens * (8 * width + 2 * ff)
@@ -170,7 +190,7 @@ class ChronosT5Module(ForecastModule):
         the expanded encoder states and every decoder layer's cross-attention keys and values
         (S x T x d_model each)."""
         config = self.t5.config
-        tokens = self.context_length + 1
+        tokens = self._context_tokens()
         sequences = batch_size * self.chronos_config.num_samples
         encoder = 2 * batch_size * config.num_heads * tokens**2
         cross = sequences * tokens * config.d_model * (1 + 2 * config.num_decoder_layers)

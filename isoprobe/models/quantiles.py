@@ -25,3 +25,24 @@ def interpolation_matrix(levels: Sequence[float], grid: Sequence[float]) -> Tens
             w = (level - grid[i]) / (grid[i + 1] - grid[i])
             weights[row, i], weights[row, i + 1] = 1.0 - w, w
     return weights
+
+
+def is_evenly_spaced(grid: Sequence[float], tolerance: float = 1e-6) -> bool:
+    """True when ``grid`` is ``1/(Q+1), 2/(Q+1), ..., Q/(Q+1)`` for its Q levels (the official
+    Chronos-Bolt 0.1 .. 0.9): the levels that, with 0 and 1 added, are equally spaced."""
+    step = 1.0 / (len(grid) + 1)
+    return all(abs(level - (i + 1) * step) <= tolerance for i, level in enumerate(grid))
+
+
+def quantiles_of_padded_heads(heads: Tensor, levels: Sequence[float]) -> Tensor:
+    """[B, L, H]: ``ChronosBoltPipeline.predict_quantiles``' rule for levels off the model's grid.
+
+    The Q quantile heads ``heads`` [B, Q, H], the first and the last repeated, are read as a
+    sample of Q + 2 values per step, whose linear empirical quantiles (``torch.quantile``) are
+    taken at ``levels``: the values are sorted, and the i-th smallest stands at level
+    i / (Q + 1). Where the grid is evenly spaced (:func:`is_evenly_spaced`) and the heads do not
+    cross, this is :func:`interpolation_matrix`'s interpolation, flat beyond the ends, to float
+    rounding; where heads cross, it sorts them, the repeated ends included."""
+    padded = torch.cat([heads[:, :1], heads, heads[:, -1:]], dim=1)
+    at = torch.tensor(levels, dtype=heads.dtype, device=heads.device)
+    return torch.quantile(padded, at, dim=1).transpose(0, 1)

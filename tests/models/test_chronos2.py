@@ -22,6 +22,9 @@ CONTEXT, HORIZON, PATCH = 40, 24, 8
 #: the largest |isoprobe - Chronos2Pipeline| over quantiles and median, on float32 CPU
 PARITY_TOLERANCE = 1e-5
 GRID = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+#: quantile head values (standardised scale) per level that cross: q0.1 above q0.9, the 0.5
+#: head not the median of the nine
+CROSSED = [torch.linspace(-2, 2, len(GRID))[i].item() for i in (8, 0, 5, 2, 7, 4, 1, 6, 3)]
 
 
 def tiny_fields(**change) -> dict:
@@ -46,7 +49,12 @@ def tiny_fields(**change) -> dict:
     return fields
 
 
-def make_module(checkpoint: str = "scratch", **fields) -> Chronos2Module:
+def make_module(
+    checkpoint: str = "scratch",
+    levels: tuple[float, ...] = (0.1, 0.3, 0.5, 0.9),
+    sort_quantiles: bool = True,
+    **fields,
+) -> Chronos2Module:
     torch.manual_seed(0)
     module = Chronos2Module(
         checkpoint=checkpoint,
@@ -55,9 +63,20 @@ def make_module(checkpoint: str = "scratch", **fields) -> Chronos2Module:
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
         context_length=CONTEXT,
         prediction_length=HORIZON,
-        quantile_levels=(0.1, 0.3, 0.5, 0.9),
+        quantile_levels=levels,
+        sort_quantiles=sort_quantiles,
     )
     return module.eval()
+
+
+def cross_heads(model: Chronos2Model) -> None:
+    """Make the quantile head emit nearly CROSSED per level at every step (its weights shrunk,
+    its bias set; the head's outputs are level-major within an output patch)."""
+    head = model.output_patch_embedding
+    with torch.no_grad():
+        head.output_layer.weight.mul_(0.01)
+        head.residual_layer.weight.mul_(0.01)
+        head.residual_layer.bias.copy_(torch.tensor(CROSSED).repeat_interleave(PATCH))
 
 
 def make_batch(batch_size: int = 3) -> dict[str, torch.Tensor]:
@@ -77,6 +96,7 @@ def make_batch(batch_size: int = 3) -> dict[str, torch.Tensor]:
 
 def test_forecasts_equal_the_official_pipeline_on_the_same_weights():
     module, batch = make_module(), make_batch()
+    assert CONTEXT > module.model.chronos_config.context_length  # both keep the last 32 steps
     pipeline = Chronos2Pipeline(module.model)
     levels = list(module.quantile_levels)
     quantiles, _ = pipeline.predict_quantiles(
@@ -101,6 +121,37 @@ def test_forecasts_equal_the_official_pipeline_on_the_same_weights():
     uncrossed = (raw[:, 0].diff(dim=1) >= 0).all(dim=1)  # [B, H]
     gap = (ours.quantiles - official).abs().amax(dim=1)[uncrossed]
     assert gap.numel() == 0 or gap.max() < PARITY_TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "levels",
+    [
+        (0.1, 0.3, 0.5, 0.9),  # the model's own: the pipeline returns its heads as they are
+        (0.05, 0.25, 0.5, 0.75, 0.95),  # interpolated between them, flat beyond
+    ],
+)
+def test_unsorted_quantiles_equal_the_official_pipeline_where_heads_cross(levels):
+    module = make_module(levels=levels, sort_quantiles=False)
+    cross_heads(module.model)
+    batch = make_batch()
+    pipeline = Chronos2Pipeline(module.model)
+    contexts = list(batch["context"])
+    raw = torch.stack(pipeline.predict(contexts, prediction_length=HORIZON))[:, 0]
+    assert (raw[:, 0] > raw[:, -1]).all()  # q0.1 above q0.9 at every step
+    quantiles, median = pipeline.predict_quantiles(
+        contexts, prediction_length=HORIZON, quantile_levels=list(levels)
+    )
+    expected = torch.stack([q[0] for q in quantiles]).transpose(1, 2)  # [B, Q, H]
+    forecast = module.forecast(batch)
+    torch.testing.assert_close(forecast.quantiles, expected, rtol=0, atol=PARITY_TOLERANCE)
+    torch.testing.assert_close(
+        forecast.median, torch.stack([m[0] for m in median]), rtol=0, atol=PARITY_TOLERANCE
+    )
+    ordered = make_module(levels=levels)
+    cross_heads(ordered.model)
+    sorted_quantiles = ordered.forecast(batch).quantiles
+    assert (sorted_quantiles.diff(dim=1) >= 0).all()  # the default: quantiles that do not cross
+    assert (sorted_quantiles - forecast.quantiles).abs().max() > 1.0
 
 
 def test_loss_equals_an_independent_quantile_loss():

@@ -19,7 +19,11 @@ from transformers import T5Config
 
 from isoprobe.models.checkpoints import CheckpointError, bundled_path
 from isoprobe.models.chronos_bolt import ChronosBoltModule
-from isoprobe.models.quantiles import interpolation_matrix
+from isoprobe.models.quantiles import (
+    interpolation_matrix,
+    is_evenly_spaced,
+    quantiles_of_padded_heads,
+)
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos_bolt.yaml")
 LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -33,12 +37,16 @@ BOLT = {
     "use_reg_token": True,
 }
 CONTEXT, PATCH = 72, 16  # longer than the model's context: the window is truncated to 64
+#: the quantile head's values (standardised scale) per level: ordered, as a trained model's
+ORDERED = torch.linspace(-2, 2, len(LEVELS)).tolist()
+#: crossing: q0.1 above q0.9, the 0.5 head not the median of the nine
+CROSSED = [ORDERED[i] for i in (8, 0, 5, 2, 7, 4, 1, 6, 3)]
 
 
-def official_checkpoint(directory: Path, ordered: bool = False) -> Path:
-    """A tiny random ChronosBoltModelForForecasting saved with the official class. ``ordered``:
-    its quantile head made to emit ordered quantiles, as a trained model's do (the head's
-    weights shrunk, its bias rising with the level), so no rearrangement is needed."""
+def official_checkpoint(directory: Path, head: list[float] | None = None) -> Path:
+    """A tiny random ChronosBoltModelForForecasting saved with the official class. ``head``:
+    its quantile head made to emit nearly these values per level at every step (the head's
+    weights shrunk, its bias set to them); else the random head, whose quantiles cross."""
     config = T5Config(
         d_model=16,
         d_kv=4,
@@ -55,15 +63,13 @@ def official_checkpoint(directory: Path, ordered: bool = False) -> Path:
     config.architectures = ["ChronosBoltModelForForecasting"]
     torch.manual_seed(0)
     model = ChronosBoltModelForForecasting(config)
-    if ordered:
-        head = model.output_patch_embedding
+    if head is not None:
+        output = model.output_patch_embedding
         steps = BOLT["prediction_length"]
         with torch.no_grad():
-            head.output_layer.weight.mul_(0.01)
-            head.residual_layer.weight.mul_(0.01)
-            head.residual_layer.bias.copy_(
-                torch.linspace(-2, 2, len(LEVELS)).repeat_interleave(steps)
-            )
+            output.output_layer.weight.mul_(0.01)
+            output.residual_layer.weight.mul_(0.01)
+            output.residual_layer.bias.copy_(torch.tensor(head).repeat_interleave(steps))
     model.save_pretrained(directory)
     return directory
 
@@ -110,23 +116,60 @@ def checkpoint(tmp_path) -> Path:
     [
         (8, LEVELS),  # the model's own levels and horizon
         (5, [0.05, 0.25, 0.5, 0.75, 0.95]),  # interpolated and extrapolated levels
+        (8, [0.15, 0.33, 0.5, 0.71]),  # interpolated at other than midpoints
         (20, LEVELS),  # longer than the model's 8 steps: the pipeline's autoregressive loop
     ],
 )
 def test_forecasts_equal_the_official_pipeline(tmp_path, horizon, levels):
-    checkpoint = official_checkpoint(tmp_path / "official", ordered=True)
+    """Bitwise, where the heads do not cross, with the quantiles sorted (the default)."""
+    checkpoint = official_checkpoint(tmp_path / "official", head=ORDERED)
     module = make_module(str(checkpoint), horizon=horizon, quantile_levels=levels)
+    assert module.sort_quantiles
     batch = make_batch(horizon)
+    assert batch["context"].shape[1] > BOLT["context_length"]  # the pipeline keeps the last 64
     pipeline = ChronosBoltPipeline.from_pretrained(checkpoint)
     expected, median = pipeline.predict_quantiles(
         batch["context"], prediction_length=horizon, quantile_levels=levels
     )
     forecast = module.forecast(batch)
     assert forecast.quantiles.shape == (4, len(levels), horizon)
-    assert (
-        forecast.quantiles - expected.permute(0, 2, 1)
-    ).abs().max() < 1e-4  # [B, H, Q]; 0.0 measured
-    assert (forecast.median - median).abs().max() < 1e-4
+    assert torch.equal(forecast.quantiles, expected.permute(0, 2, 1))  # [B, H, Q]
+    assert torch.equal(forecast.median, median)
+
+
+@pytest.mark.parametrize(
+    "horizon, levels",
+    [
+        (8, LEVELS),  # the model's own levels: the pipeline returns its heads as they are
+        (8, [0.1, 0.5, 0.9]),
+        (5, [0.05, 0.25, 0.5, 0.75, 0.95]),  # off the grid: the pipeline's torch.quantile rule
+        (8, [0.15, 0.33, 0.5, 0.71]),
+        (20, LEVELS),  # the autoregressive loop
+        (20, [0.15, 0.5, 0.85]),
+    ],
+)
+def test_unsorted_quantiles_equal_the_official_pipeline_bitwise_where_heads_cross(
+    tmp_path, horizon, levels
+):
+    checkpoint = official_checkpoint(tmp_path / "official", head=CROSSED)
+    module = make_module(
+        str(checkpoint), horizon=horizon, quantile_levels=levels, sort_quantiles=False
+    )
+    batch = make_batch(horizon)
+    pipeline = ChronosBoltPipeline.from_pretrained(checkpoint)
+    raw = pipeline.predict(batch["context"], prediction_length=horizon)
+    steps = BOLT["prediction_length"]  # later steps: empirical quantiles of the paths, ordered
+    assert (raw[:, 0, :steps] > raw[:, -1, :steps]).all()  # q0.1 above q0.9 at every step
+    expected, median = pipeline.predict_quantiles(
+        batch["context"], prediction_length=horizon, quantile_levels=levels
+    )
+    forecast = module.forecast(batch)
+    assert torch.equal(forecast.quantiles, expected.permute(0, 2, 1))
+    assert torch.equal(forecast.median, median)
+    sorted_forecast = make_module(str(checkpoint), horizon=horizon, quantile_levels=levels)
+    quantiles = sorted_forecast.forecast(batch).quantiles
+    assert (quantiles.diff(dim=1) >= 0).all()  # the default: quantiles that do not cross
+    assert not torch.equal(quantiles, forecast.quantiles)
 
 
 @pytest.mark.parametrize("horizon", [8, 20])
@@ -264,6 +307,42 @@ def test_interpolation_is_numpy_interp_flat_beyond_the_grid():
     np.testing.assert_allclose(weights @ values, np.interp(levels, grid, values), atol=1e-12)
 
 
+def test_padded_heads_are_numpy_quantiles_of_the_heads_with_their_ends_repeated():
+    rng = np.random.default_rng(0)
+    heads = rng.normal(size=(2, 9, 3))  # crossing
+    levels = [0.05, 0.1, 0.25, 0.5, 0.71, 0.97]
+    padded = np.concatenate([heads[:, :1], heads, heads[:, -1:]], axis=1)
+    expected = np.quantile(padded, levels, axis=1).transpose(1, 0, 2)
+    ours = quantiles_of_padded_heads(torch.from_numpy(heads), levels).numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-12)
+    # on an evenly spaced grid and sorted heads: the interpolation between the grid's levels
+    assert is_evenly_spaced(LEVELS) and not is_evenly_spaced([0.1, 0.5, 0.9])
+    ordered = np.sort(heads, axis=1)
+    interpolated = np.einsum("lg,bgh->blh", interpolation_matrix(levels, LEVELS).double(), ordered)
+    ours = quantiles_of_padded_heads(torch.from_numpy(ordered), levels).numpy()
+    np.testing.assert_allclose(ours, interpolated, atol=1e-12)
+
+
+def test_unsorted_quantiles_on_an_uneven_grid_warn_of_the_pipelines_rule(caplog):
+    uneven = {**BOLT, "quantiles": [0.1, 0.5, 0.9]}
+    torch.manual_seed(0)
+    sizes = OmegaConf.to_container(CONFIG.sizes)
+    sizes["mini"].update(
+        d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2, chronos_config=uneven
+    )
+    with caplog.at_level("WARNING"):
+        ChronosBoltModule(
+            checkpoint="scratch",
+            sizes=sizes,
+            optimizer=partial(torch.optim.AdamW, lr=1e-3),
+            context_length=CONTEXT,
+            prediction_length=8,
+            quantile_levels=[0.25, 0.5],
+            sort_quantiles=False,
+        )
+    assert "not evenly spaced" in caplog.text and "model.sort_quantiles=true" in caplog.text
+
+
 def _rewrite_weights(directory: Path, change) -> None:
     tensors = load_file(directory / "model.safetensors")
     change(tensors)
@@ -345,27 +424,40 @@ def test_memory_estimates_are_linear_in_the_batch_and_grow_with_the_horizon():
     assert longer.forecast_memory_bytes(1) - 4 * weights == 9 * one
 
 
-@pytest.mark.parametrize("horizon", [48, 100])  # within the model's 64 steps, and beyond
-def test_the_bundled_model_forecasts_as_the_official_pipeline(horizon):
+@pytest.mark.parametrize(
+    "horizon, length, sort_quantiles",
+    [
+        (48, 300, True),  # within the model's 64 steps
+        (100, 300, True),  # beyond: the pipeline's autoregressive rule
+        (48, 600, False),  # a context longer than the model's 512 steps: its heads cross once
+        (100, 600, False),
+    ],
+)
+def test_the_bundled_model_forecasts_as_the_official_pipeline(horizon, length, sort_quantiles):
+    """Bitwise: sorted quantiles where the heads do not cross (300 steps), unsorted always."""
     bundled = bundled_path(CONFIG.bundled_name)
     pipeline = ChronosBoltPipeline.from_pretrained(bundled, dtype=torch.float32)
     module = ChronosBoltModule(
         checkpoint="bundled",
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
-        context_length=300,
+        context_length=length,
         prediction_length=horizon,
+        sort_quantiles=sort_quantiles,
     ).eval()
     g = torch.Generator().manual_seed(0)
-    steps = torch.arange(300.0)
+    steps = torch.arange(float(length))
     context = torch.stack(
         [
-            torch.sin(steps / 7) * 5 + 20 + 0.3 * torch.randn(300, generator=g),
-            steps / 10 + torch.randn(300, generator=g),
-            torch.randn(300, generator=g).cumsum(0),
+            torch.sin(steps / 7) * 5 + 20 + 0.3 * torch.randn(length, generator=g),
+            steps / 10 + torch.randn(length, generator=g),
+            torch.randn(length, generator=g).cumsum(0),
         ]
     )
     context[0, :100] = float("nan")
+    raw = pipeline.predict(context, prediction_length=horizon)
+    crossing = (raw.diff(dim=1) < 0).any()
+    assert crossing == (length > 512)  # at 300 steps sorting changes nothing; at 600 it would
     expected, median = pipeline.predict_quantiles(context, prediction_length=horizon)
     forecast = module.forecast({"context": context})
-    assert (forecast.quantiles - expected.permute(0, 2, 1)).abs().max() < 1e-4  # 0.0 measured
-    assert (forecast.median - median).abs().max() < 1e-4
+    assert torch.equal(forecast.quantiles, expected.permute(0, 2, 1))
+    assert torch.equal(forecast.median, median)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from chronos import ChronosConfig, MeanScaleUniformBins
+from chronos import ChronosConfig, ChronosPipeline, MeanScaleUniformBins
 from omegaconf import OmegaConf
-from transformers import T5ForConditionalGeneration
+from transformers import T5Config, T5ForConditionalGeneration
 
 from isoprobe.models import ChronosT5Module
 from isoprobe.models.checkpoints import CheckpointError, bundled_path
@@ -223,18 +223,80 @@ def test_a_chronos_bolt_checkpoint_is_recognised(tmp_path):
         make_module(checkpoint=str(target))
 
 
-def test_a_context_longer_than_the_checkpoint_was_trained_on_is_flagged(caplog):
-    limit = CONFIG.scratch_chronos.context_length
+def official_checkpoint(directory: Path, context_length: int) -> Path:
+    """A tiny random Chronos-T5 saved in the official format (a T5 whose config.json carries a
+    ``chronos_config``) that reads ``context_length`` steps and forecasts HORIZON."""
+    shape = {**OmegaConf.to_container(CONFIG.scratch_t5), "num_layers": 2, "num_decoder_layers": 2}
+    chronos = {
+        **OmegaConf.to_container(CONFIG.scratch_chronos),
+        "context_length": context_length,
+        "prediction_length": HORIZON,
+        "num_samples": 6,
+    }
+    torch.manual_seed(3)
+    T5ForConditionalGeneration(T5Config(**shape, chronos_config=chronos)).save_pretrained(directory)
+    return directory
+
+
+def test_a_context_longer_than_the_checkpoint_is_cut_to_its_last_steps(tmp_path, caplog):
+    checkpoint = official_checkpoint(tmp_path / "official", context_length=CONTEXT - 8)
     with caplog.at_level("WARNING"):
-        ChronosT5Module(
-            checkpoint="scratch",
-            scratch_t5=OmegaConf.to_container(CONFIG.scratch_t5),
-            scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
-            optimizer=partial(torch.optim.AdamW, lr=1e-3),
-            context_length=limit + 1,
-            prediction_length=HORIZON,
-        )
-    assert f"data.context_length={limit + 1} is longer than the {limit} steps" in caplog.text
+        module = make_module(checkpoint=str(checkpoint))
+    assert (
+        f"data.context_length={CONTEXT} is longer than this Chronos-T5 checkpoint's context of "
+        f"{CONTEXT - 8} steps" in caplog.text
+    )
+    batch = make_batch()
+    earlier_steps_changed = {**batch, "context": batch["context"].clone()}
+    earlier_steps_changed["context"][:, :8] = 1e4
+    torch.manual_seed(0)
+    expected = module.forecast(batch).samples
+    torch.manual_seed(0)
+    assert torch.equal(module.forecast(earlier_steps_changed).samples, expected)
+    assert torch.equal(module.loss(earlier_steps_changed), module.loss(batch))
+    masks = module.token_masks(batch, ["encoder.0"])
+    assert masks["encoder.0"].shape == (3, CONTEXT - 8 + 1)  # the steps read + EOS
+
+
+def test_forecasts_at_a_context_longer_than_the_checkpoint_equal_the_official_pipeline(tmp_path):
+    checkpoint = official_checkpoint(tmp_path / "official", context_length=CONTEXT - 8)
+    module, batch = make_module(checkpoint=str(checkpoint)), make_batch()
+    pipeline = ChronosPipeline.from_pretrained(checkpoint)
+    torch.manual_seed(0)
+    expected = pipeline.predict(batch["context"], prediction_length=HORIZON, num_samples=6)
+    torch.manual_seed(0)
+    forecast = module.forecast(batch)
+    assert torch.equal(forecast.samples, expected)
+    levels = torch.tensor(module.quantile_levels)
+    quantiles = torch.quantile(expected, levels, dim=1).permute(1, 0, 2)
+    torch.testing.assert_close(forecast.quantiles, quantiles, rtol=0, atol=1e-5)
+
+
+def test_export_keeps_the_loaded_checkpoints_chronos_config(tmp_path):
+    loaded = json.loads((bundled_path("chronos-t5-mini") / "config.json").read_text())
+    run_context = loaded["chronos_config"]["context_length"] + 16
+    module = ChronosT5Module(
+        checkpoint="bundled",
+        optimizer=partial(torch.optim.AdamW, lr=1e-3),
+        context_length=run_context,
+        prediction_length=48,
+        num_samples=7,
+    )
+    module.export(str(tmp_path / "export"))
+    exported = json.loads((tmp_path / "export/config.json").read_text())
+    assert exported["chronos_config"] == loaded["chronos_config"]
+    assert module.t5.config.chronos_config == loaded["chronos_config"]  # export changed nothing
+
+
+def test_export_of_a_model_pretrained_here_records_the_runs_lengths(tmp_path):
+    module = make_module()  # scratch, whose config says 512 / 64 steps
+    assert CONFIG.scratch_chronos.context_length != CONTEXT
+    module.export(str(tmp_path / "export"))
+    chronos = json.loads((tmp_path / "export/config.json").read_text())["chronos_config"]
+    assert (chronos["context_length"], chronos["prediction_length"]) == (CONTEXT, HORIZON)
+    assert chronos["num_samples"] == 6
+    pipeline = ChronosPipeline.from_pretrained(tmp_path / "export")
+    assert pipeline.model.config.context_length == CONTEXT
 
 
 def test_training_memory_grows_with_the_square_of_the_context_and_linearly_with_the_batch():
