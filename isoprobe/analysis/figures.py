@@ -134,3 +134,26 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
     unique = dict(zip(labels, handles, strict=True))
     axes[0, 0].legend(unique.values(), unique.keys(), fontsize=7, title=factor)
     return _save(fig, path)
+
+
+def flow_of_ranks(study: Study, path: Path) -> Path | None:
+    """Each model's ε-rank of its blocks' tokens (rank probe, first probe) against relative
+    depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side."""
+    table = study.table
+    part = table[(table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_eps[\d.e-]+")]
+    part = part[part["layer"].str.fullmatch(r"[A-Za-z_]+\.\d+") & (part["epoch"] == 0)]
+    if part.empty:
+        return None
+    metrics = sorted(part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_eps")))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for (model, _), line in part[part["metric"] == metric].groupby(["model", "run"]):
+            order = list(pd.unique(line["layer"]))
+            depth = np.linspace(0, 1, len(order)) if len(order) > 1 else np.zeros(1)
+            label = f"{model} ({line['dataset'].iloc[0]})"
+            ax.plot(depth, line.set_index("layer").loc[order, "value"], marker="o", label=label)
+        ax.set_title(f"token {metric} per block", fontsize=9)
+        ax.set_xlabel("relative depth (blocks in order, first 0, last 1)", fontsize=8)
+    axes[0, 0].set_ylabel("ε-rank")
+    axes[0, 0].legend(fontsize=7)
+    return _save(fig, path)

@@ -112,6 +112,10 @@ def _figures(
             ),
             "The last layer's metrics over epochs, per run, coloured by model",
         ),
+        (
+            figures.flow_of_ranks(study, output / "flow_of_ranks.png"),
+            "Flow of ranks: each model's token ε-rank per block against relative depth",
+        ),
     ]
     return [(path, caption) for path, caption in made if path is not None]
 

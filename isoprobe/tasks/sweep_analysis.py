@@ -1,0 +1,44 @@
+"""A Hydra callback that runs ``task=analyze`` on a sweep when its last job has ended, so that
+one ``python run.py -m experiment=<study>`` gives the report (``<sweep dir>/analysis/``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class AnalyzeSweep(Callback):
+    """``hydra.callbacks.analyze: {_target_: isoprobe.tasks.sweep_analysis.AnalyzeSweep}``;
+    the run's ``analyze.*`` settings apply (configs/analyze/default.yaml), updated by the
+    callback's arguments."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+        self.sweep_dir: Path | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # resolved once, at the start: the directory name holds the start time
+        self.sweep_dir = Path(config.hydra.sweep.dir)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from isoprobe.tasks.analyze import run_analyze
+
+        sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
+        analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
+        analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or sweep_dir.name)
+        logger = config.get("logger")
+        cfg = OmegaConf.create(
+            {
+                "analyze": analyze,
+                "paths": {"output_dir": str(sweep_dir / "analysis")},
+                "logger": OmegaConf.to_container(logger, resolve=True) if logger else None,
+            }
+        )
+        log.info("analysing the sweep %s", sweep_dir)
+        run_analyze(cfg)
