@@ -32,12 +32,15 @@ class AnalyzeSweep(Callback):
         sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
         analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
         analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or sweep_dir.name)
-        logger = config.get("logger")
+        # the jobs' logger settings hold ${hydra:runtime...}, which is unset once they ended:
+        # the analysis needs only whether W&B was on and its project
+        wandb = "wandb" in (config.get("logger") or {})
+        project = OmegaConf.select(config, "logger.wandb.project", default=None)
         cfg = OmegaConf.create(
             {
                 "analyze": analyze,
                 "paths": {"output_dir": str(sweep_dir / "analysis")},
-                "logger": OmegaConf.to_container(logger, resolve=True) if logger else None,
+                "logger": {"wandb": {"project": project}} if wandb else None,
             }
         )
         log.info("analysing the sweep %s", sweep_dir)

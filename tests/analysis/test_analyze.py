@@ -198,3 +198,25 @@ def test_within_run_association_over_epochs():
     assert within.loc["a", "spearman"] == pytest.approx(1.0)
     assert within.loc["b", "spearman"] == pytest.approx(-1.0)
     assert set(within["epochs"]) == {6}
+
+
+def test_a_study_experiment_ends_with_its_report(tmp_path):
+    """One command: the sweep, then task=analyze on it (the Hydra callback)."""
+    tiny = [o for o in TINY_RUN if not o.startswith(("trainer.max_epochs", "data.max_train"))]
+    tiny = [o for o in tiny if not o.startswith("callbacks.isotropy")]
+    sweep = tmp_path / "sweep"
+    run(
+        "-m",
+        "experiment=rank/flow_of_ranks",
+        "model=chronos_bolt,patchtst",
+        *tiny,
+        "callbacks.rank.num_windows=8",
+        "callbacks.rank.max_tokens=300",
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )
+    study = pd.read_csv(sweep / "analysis" / "study.csv")
+    assert set(study["model"]) == {"chronos_bolt", "patchtst"}
+    assert set(study["probe"]) == {"rank"}
+    assert (sweep / "analysis" / "flow_of_ranks.png").is_file()
+    assert "flow of ranks" in (sweep / "analysis" / "report.html").read_text().lower()
