@@ -101,7 +101,7 @@ def correlations(
             if not rows:
                 continue
             x = geometry.loc[rows].to_numpy(dtype=float)
-            y = np.repeat(runs.loc[rows, forecast].to_numpy(dtype=float)[:, None], x.shape[1], 1)
+            y = runs.loc[rows, forecast].to_numpy(dtype=float)[:, None]  # shared by every test
             found = associate(x, y, n_boot=n_boot, n_perm=n_perm, seed=seed)
             columns = geometry.columns
             parts.append(

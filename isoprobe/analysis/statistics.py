@@ -75,8 +75,9 @@ def associate(
     x: np.ndarray, y: np.ndarray, n_boot: int = 1000, n_perm: int = 1000, seed: int = 0
 ) -> Association:
     """Every statistic of the module docstring for the tests (columns) of ``x`` and ``y``
-    [runs, tests]. Tests with fewer than :data:`MIN_RUNS` complete runs get NaN, and so do the
-    interval when ``n_boot`` is 0 and the p-value when ``n_perm`` is 0."""
+    [runs, tests]; ``y`` may be one column [runs, 1] that every test shares, which saves its
+    repeated ranks and signs. Tests with fewer than :data:`MIN_RUNS` complete runs get NaN,
+    and so do the interval when ``n_boot`` is 0 and the p-value when ``n_perm`` is 0."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     tests = x.shape[1]
     complete = np.isfinite(x) & np.isfinite(y)
@@ -89,7 +90,8 @@ def associate(
         patterns.setdefault(complete[:, j].tobytes(), []).append(int(j))
     for columns in patterns.values():
         rows = complete[:, columns[0]]
-        xs, ys = x[rows][:, columns], y[rows][:, columns]
+        xs = x[rows][:, columns]
+        ys = y[rows] if y.shape[1] == 1 else y[rows][:, columns]
         rho = spearman_columns(xs, ys)
         out["rho"][columns] = rho
         out["tau"][columns] = kendall_columns(xs, ys)
@@ -101,11 +103,12 @@ def associate(
 
 
 def _bootstrap_interval(
-    x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator, chunk: int = 200
+    x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """The 2.5% and 97.5% percentiles of ρ over ``n_boot`` resamples of the rows (a resample
     in which a column is constant has no ρ and is left out of that column's percentiles)."""
     runs = x.shape[0]
+    chunk = max(1, int(2e7 // x.size))  # resamples at a time: about 160 MB per array
     draws = []
     for start in range(0, n_boot, chunk):
         index = rng.integers(0, runs, size=(min(chunk, n_boot - start), runs))

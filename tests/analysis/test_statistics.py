@@ -107,3 +107,11 @@ def test_q_values_are_benjamini_hochberg():
     q = q_values(p)
     assert np.isnan(q[2])
     np.testing.assert_allclose(q[np.isfinite(p)], expected)
+
+
+def test_one_shared_column_of_y_equals_it_repeated():
+    x, y = table()
+    shared = associate(x, y[:, :1], n_boot=200, n_perm=200, seed=3)
+    repeated = associate(x, y, n_boot=200, n_perm=200, seed=3)
+    for name in ("n", "spearman", "spearman_lo", "spearman_hi", "kendall", "p_value"):
+        np.testing.assert_allclose(getattr(shared, name), getattr(repeated, name))
