@@ -1,0 +1,302 @@
+"""Forecast time of isoprobe against each model's official pipeline, side by side in one run.
+
+For every model with an official inference path, both sides load the same bundled checkpoint
+(``isoprobe/models/bundled/<name>``, official formats, float16 on disk, float32 in memory) and
+forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on the CPU:
+
+- Chronos-T5: ``ChronosPipeline.predict_quantiles``; windows 128 / 32 (the checkpoint's own
+  lengths: the pipeline cuts longer contexts and decodes longer horizons in chunks), 20 samples.
+- Chronos-Bolt: ``ChronosBoltPipeline.predict_quantiles``; 144 / 48 (energy's windows).
+- Chronos-2: ``Chronos2Pipeline.predict_quantiles`` on a [64, 1, 144] tensor; 144 / 48.
+- Moirai: uni2ts ``MoiraiForecast`` (gluonts' fields built from the window as in
+  tests/models/test_moirai.py), then ``torch.quantile`` of its samples; 144 / 48, patch 32,
+  100 samples (isoprobe's default).
+- TimesFM: ``TimesFmModelForPrediction`` called directly (a list of series, one frequency
+  category each), its quantile heads; 144 / 48.
+- PatchTST: ``PatchTSTForPrediction.generate``; 512 / 64 (the bundled model's lengths); its
+  MSE head gives one point, which is every quantile on both sides.
+
+isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.tasks.runner.build_model``
+builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
+under ``torch.no_grad``. Each side is called once to warm up, then the two alternate for
+``--rounds`` rounds and the fastest call of each is reported; torch keeps its default threads.
+Sampled models are seeded identically before every call, so their outputs can be compared.
+
+Agreement: the largest |isoprobe - official| over the nine quantiles (0.1 ... 0.9) of every
+window and step (warm-up calls). In forward: the share of one more isoprobe forecast spent
+inside the network's forward passes (forward hooks on the modules named in ``NETWORK``; only
+the outermost call counts), the rest being preprocessing, sampling and quantiles.
+
+Run: ``.venv/bin/python bench/forecast_throughput.py [--models chronos moirai --rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from torch import Tensor, nn
+from transformers.utils import logging as transformers_logging
+
+from isoprobe.models.checkpoints import bundled_path
+from isoprobe.tasks.runner import build_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+WINDOWS = 64
+#: per model: (context, horizon) of its windows
+LENGTHS = {
+    "chronos": (128, 32),
+    "chronos_bolt": (144, 48),
+    "chronos2": (144, 48),
+    "moirai": (144, 48),
+    "timesfm": (144, 48),
+    "patchtst": (512, 64),
+}
+#: per model: the modules whose forward calls are "the network" in isoprobe's forecast
+NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
+    "chronos": lambda m: [m.t5, m.t5.encoder],  # generate runs the encoder outside t5.forward
+    "chronos_bolt": lambda m: [m.model],
+    "chronos2": lambda m: [m.model],
+    "moirai": lambda m: [m.module],
+    "timesfm": lambda m: [m.model.decoder, m.model.horizon_ff_layer],
+    "patchtst": lambda m: [m.model],
+}
+SEED = 0
+Official = Callable[[Tensor], Tensor]  # context [B, L] -> quantiles [B, 9, H]
+
+
+def official_chronos(module) -> Official:
+    from chronos import ChronosPipeline
+
+    pipeline = ChronosPipeline.from_pretrained(bundled_path("chronos-t5-mini"), dtype=torch.float32)
+    samples = module.chronos_config.num_samples
+
+    def predict(context: Tensor) -> Tensor:
+        quantiles, _ = pipeline.predict_quantiles(
+            context, module.prediction_length, LEVELS, num_samples=samples
+        )
+        return quantiles.transpose(1, 2)
+
+    return predict
+
+
+def official_chronos_bolt(module) -> Official:
+    from chronos import ChronosBoltPipeline
+
+    path = bundled_path("chronos-bolt-mini")
+    pipeline = ChronosBoltPipeline.from_pretrained(path, dtype=torch.float32)
+
+    def predict(context: Tensor) -> Tensor:
+        quantiles, _ = pipeline.predict_quantiles(context, module.prediction_length, LEVELS)
+        return quantiles.transpose(1, 2)
+
+    return predict
+
+
+def official_chronos2(module) -> Official:
+    from chronos.chronos2 import Chronos2Pipeline
+
+    path = bundled_path("chronos-2-mini")
+    pipeline = Chronos2Pipeline.from_pretrained(path, dtype=torch.float32)
+
+    def predict(context: Tensor) -> Tensor:
+        quantiles, _ = pipeline.predict_quantiles(
+            context[:, None], module.prediction_length, LEVELS
+        )
+        return torch.stack([q[0] for q in quantiles]).transpose(1, 2)
+
+    return predict
+
+
+def official_moirai(module) -> Official:
+    from uni2ts.model.moirai import MoiraiForecast, MoiraiModule
+
+    forecaster = MoiraiForecast(
+        prediction_length=module.prediction_length,
+        target_dim=1,
+        feat_dynamic_real_dim=0,
+        past_feat_dynamic_real_dim=0,
+        context_length=module.context_length,
+        module=MoiraiModule.from_pretrained(bundled_path("moirai-mini")),
+        patch_size=module.patch_size,
+        num_samples=module.num_samples,
+    ).eval()
+
+    def predict(context: Tensor) -> Tensor:
+        nan = context.isnan()
+        is_pad = nan.long().cumprod(dim=1).bool()  # the leading missing values
+        samples = forecaster(context.nan_to_num(0.0)[..., None], ~nan[..., None], is_pad)
+        return torch.quantile(samples, torch.tensor(LEVELS), dim=1).transpose(0, 1)
+
+    return predict
+
+
+def official_timesfm(module) -> Official:
+    from transformers import TimesFmModelForPrediction
+
+    path = bundled_path("timesfm-mini")
+    model = TimesFmModelForPrediction.from_pretrained(path, dtype=torch.float32).eval()
+
+    def predict(context: Tensor) -> Tensor:
+        series = [row[~row.isnan()] for row in context]
+        out = model(past_values=series, freq=[module.freq_category] * len(series))
+        return out.full_predictions[:, : module.prediction_length, 1:].transpose(1, 2)
+
+    return predict
+
+
+def official_patchtst(module) -> Official:
+    from transformers import PatchTSTForPrediction
+
+    path = bundled_path("patchtst-mini")
+    model = PatchTSTForPrediction.from_pretrained(path, dtype=torch.float32).eval()
+
+    def predict(context: Tensor) -> Tensor:
+        point = model.generate(past_values=context[..., None]).sequences[:, :, :, 0]
+        return point.expand(-1, len(LEVELS), -1)
+
+    return predict
+
+
+#: per model: its name in the table and the builder of its official forecast
+CASES: dict[str, tuple[str, Callable[..., Official]]] = {
+    "chronos": ("Chronos-T5", official_chronos),
+    "chronos_bolt": ("Chronos-Bolt", official_chronos_bolt),
+    "chronos2": ("Chronos-2", official_chronos2),
+    "moirai": ("Moirai", official_moirai),
+    "timesfm": ("TimesFM", official_timesfm),
+    "patchtst": ("PatchTST", official_patchtst),
+}
+
+
+def build(name: str, out: str):
+    """isoprobe's model of ``model=<name>`` in eval mode and one batch of the energy windows."""
+    context, horizon = LENGTHS[name]
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                f"model={name}",
+                "model.checkpoint=bundled",
+                "data=energy",
+                f"data.context_length={context}",
+                f"data.prediction_length={horizon}",
+                f"data.max_eval_windows={WINDOWS}",
+                f"data.eval_batch_size={WINDOWS}",
+                f"paths.output_dir={out}",
+            ],
+        )
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    batch = next(iter(datamodule.test_dataloader()))
+    return build_model(cfg.model, datamodule).eval(), batch
+
+
+def timed(call: Callable[[], Tensor]) -> tuple[float, Tensor]:
+    """Seconds of one call, seeded, and its output."""
+    torch.manual_seed(SEED)
+    start = time.perf_counter()
+    out = call()
+    return time.perf_counter() - start, out
+
+
+def share_in_forward(forecast: Callable[[], Tensor], modules: list[nn.Module]) -> float:
+    """The fraction of one ``forecast()`` spent inside the outermost forward of ``modules``."""
+    depth, inside, entered = [0], [0.0], [0.0]
+
+    def pre(_module, _args):
+        if depth[0] == 0:
+            entered[0] = time.perf_counter()
+        depth[0] += 1
+
+    def post(_module, _args, _out):
+        depth[0] -= 1
+        if depth[0] == 0:
+            inside[0] += time.perf_counter() - entered[0]
+
+    handles = [m.register_forward_pre_hook(pre) for m in modules]
+    handles += [m.register_forward_hook(post) for m in modules]
+    try:
+        total, _ = timed(forecast)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return inside[0] / total
+
+
+def compare(name: str, rounds: int, out: str) -> dict:
+    title, make_official = CASES[name]
+    module, batch = build(name, out)
+    official = make_official(module)
+    context = batch["context"]
+
+    def ours() -> Tensor:
+        return module.forecast(batch).quantiles
+
+    def theirs() -> Tensor:
+        with torch.no_grad():
+            return official(context)
+
+    _, our_out = timed(ours)
+    _, their_out = timed(theirs)
+    our_times, their_times = [], []
+    for _ in range(rounds):
+        their_times.append(timed(theirs)[0])
+        our_times.append(timed(ours)[0])
+    return {
+        "model": title,
+        "windows": f"{len(context)} x {context.shape[1]}/{module.prediction_length}",
+        "isoprobe": min(our_times),
+        "official": min(their_times),
+        "agreement": (our_out - their_out).abs().max().item(),
+        "forward": share_in_forward(ours, NETWORK[name](module)),
+        "rounds": (our_times, their_times),
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    header = (
+        f"{'model':<13}{'windows':>15}{'isoprobe s':>12}{'official s':>12}{'ratio':>8}"
+        f"{'agreement':>11}{'in forward':>12}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['model']:<13}{r['windows']:>15}{r['isoprobe']:>12.4f}{r['official']:>12.4f}"
+            f"{r['official'] / r['isoprobe']:>7.2f}x{r['agreement']:>11.2g}{r['forward']:>11.0%}"
+        )
+    print("ratio = official s / isoprobe s (target >= 1.0x); in forward: target >= 80%")
+    for r in rows:
+        ours, theirs = ([f"{t:.4f}" for t in ts] for ts in r["rounds"])
+        print(f"  {r['model']}: isoprobe {ours}, official {theirs}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timed calls of each")
+    args = parser.parse_args()
+    transformers_logging.disable_progress_bar()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+        f"{os.getloadavg()[0]:.2f}; best of {args.rounds} alternating calls after one warm-up"
+    )
+    with tempfile.TemporaryDirectory() as out:
+        rows = [compare(name, args.rounds, out) for name in args.models]
+    print_table(rows)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
