@@ -53,7 +53,9 @@ def geometry_at(study: Study, when: str) -> pd.DataFrame:
         index="run", columns=["probe", "metric", "layer"], values="value", aggfunc="first"
     )
     order = {layer: i for i, layer in enumerate(pd.unique(table["layer"]))}
-    blocks = at[at["layer"].map(lambda name: bool(BLOCK.match(str(name))))]
+    layers = pd.Series(pd.unique(at["layer"]))
+    block_names = set(layers[layers.astype(str).str.fullmatch(BLOCK.pattern)])
+    blocks = at[at["layer"].isin(block_names)]
     if len(blocks):
         rank = blocks["layer"].map(order)
         last_rank = rank.groupby([blocks["run"], blocks["probe"]]).transform("max")

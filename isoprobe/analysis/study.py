@@ -116,12 +116,6 @@ def _overrides(run: Path) -> dict[str, str]:
     )
 
 
-def _read_records(path: Path) -> pd.DataFrame:
-    """A probe's CSV (``probe, epoch, global_step, layer, metric, value, note``), read by
-    pyarrow's parser (several times pandas' own on thousands of files)."""
-    return pd.read_csv(path, engine="pyarrow", dtype={"note": str, "layer": str})
-
-
 def _forecast_metrics(run: Path) -> dict[str, float]:
     path = run / "summary.json"
     if not path.is_file():
@@ -179,7 +173,7 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     for run in runs:
         name = _run_name(run, root)
         config = _config(run)
-        records = [_read_records(run / f) for f in PROBE_FILES if (run / f).is_file()]
+        records = [pd.read_csv(run / f) for f in PROBE_FILES if (run / f).is_file()]
         metrics = _forecast_metrics(run)
         if not records:
             left_out[name] = "no probe records (probe_metrics.csv / rank_metrics.csv)"
