@@ -32,6 +32,7 @@ from isoprobe.tasks.resume import (
     check_same_data,
     data_identity,
 )
+from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
@@ -78,13 +79,21 @@ def _single_log_stream() -> None:
 
 
 def run_task(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path)."""
+    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path).
+
+    The run holds its output directory for its whole duration: a second run started in the
+    same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
-    L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
+    with run_directory_lock(output_dir):
+        return _run_in(cfg, output_dir)
+
+
+def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
