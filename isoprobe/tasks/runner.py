@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,7 +25,13 @@ from isoprobe.models.compression import (
     low_rank_attention,
 )
 from isoprobe.tasks.compress import run_compress
-from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
+from isoprobe.tasks.loggers import (
+    build_loggers,
+    continue_wandb_run,
+    read_wandb_history,
+    wandb_run_ids,
+    wandb_save_dirs,
+)
 from isoprobe.tasks.memory import check_memory_fits
 from isoprobe.tasks.resume import (
     RunIdentity,
@@ -108,7 +115,8 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     callbacks = [
         instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
     ]
-    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data))
+    wandb_dirs = wandb_save_dirs(loggers, identity.get("wandb_dirs", {}))
+    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
@@ -120,6 +128,7 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     }
     for lg in trainer.loggers:
         lg.log_hyperparams({**params, **run_info})
+    _continue_resumed_wandb_runs(loggers, identity, wandb_dirs)
 
     try:
         results = _run(cfg, trainer, model, datamodule)
@@ -128,6 +137,16 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     finally:
         _finish_wandb()
     return results
+
+
+def _continue_resumed_wandb_runs(
+    loggers: dict[str, Any], identity: dict[str, Any], wandb_dirs: dict[str, list[str]]
+) -> None:
+    """Each W&B run resumed from the checkpoint goes on after what its earlier parts logged."""
+    for name, run_id in identity.get("wandb_ids", {}).items():
+        lg = loggers.get(name)
+        if isinstance(lg, WandbLogger) and lg.version == run_id:
+            continue_wandb_run(lg, read_wandb_history(wandb_dirs[name], run_id))
 
 
 def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
