@@ -163,8 +163,8 @@ class WandbHistory:
 
 
 def read_wandb_history(save_dirs: Iterable[str | Path], run_id: str) -> WandbHistory:
-    """The history that the local parts of W&B run ``run_id`` under the ``save_dir``\ s
-    ``save_dirs`` hold (what an offline part logged is known nowhere else)."""
+    """The history that the local parts of W&B run ``run_id`` under ``save_dirs`` hold (what
+    an offline part logged is known nowhere else)."""
     history = WandbHistory()
     for save_dir in dict.fromkeys(Path(d) for d in save_dirs):
         for log_file in sorted(save_dir.glob(f"wandb/*run-*-{run_id}/run-{run_id}.wandb")):
