@@ -9,6 +9,7 @@ spectra, plots).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
+
+log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = ["epoch", "layer", "metric", "value"]
 #: the longest transaction-log flush interval that a probe waits for (see wait_until_written)
@@ -83,9 +86,13 @@ def log_epoch(
     wandb_defined: set[int],
 ) -> None:
     """One call per logger; W&B gets scalars and media in one history row. ``wandb_defined``
-    holds the ids of W&B runs already given the ``prefix`` axes."""
+    holds the ids of W&B runs already given the ``prefix`` axes. A W&B run that already holds
+    the epoch (a resumed run whose earlier part logged it before stopping) is not given it
+    again."""
     for logger in loggers:
         if isinstance(logger, WandbLogger):
+            if wandb_holds_epoch(logger.experiment, prefix, metrics[f"{prefix}/epoch"]):
+                continue
             if id(logger.experiment) not in wandb_defined:
                 define_wandb_axes(logger, prefix)
                 wandb_defined.add(id(logger.experiment))
@@ -93,6 +100,25 @@ def log_epoch(
             wait_until_written(logger.experiment)
         else:
             logger.log_metrics(dict(metrics), step=step)
+
+
+def wandb_holds_epoch(run: Any, prefix: str, epoch: int) -> bool:
+    """Whether the W&B ``run`` already holds probe ``epoch`` of ``prefix``: its summary's
+    ``<prefix>/epoch``, the last one published (online, from the server; offline, restored
+    from the earlier parts' logs by :func:`isoprobe.tasks.loggers.continue_wandb_run`), is
+    at or after it. Probed epochs only increase within a run, so every earlier one is held."""
+    held = run.summary.get(f"{prefix}/epoch")
+    if held is None or epoch > held:
+        return False
+    log.warning(
+        "W&B run %s already holds %s epoch %d (up to %d, logged before the run was resumed); "
+        "not logging it again (it is in the CSV)",
+        run.id,
+        prefix,
+        epoch,
+        held,
+    )
+    return True
 
 
 def wait_until_written(run: Any) -> None:

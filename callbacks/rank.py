@@ -22,6 +22,7 @@ appendix G.2) and ``rank_trajectories.png`` at the end of fit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 from isoprobe.callbacks.plots import save_flow_of_ranks, save_spectra
 from isoprobe.callbacks.probe import Measurement, Probe, Row
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from isoprobe.metrics.rank import rank_from_singular_values, singular_values
@@ -38,6 +40,8 @@ from isoprobe.models.base import ATTENTION_PROJECTIONS
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
 FLOW_DIR = "flow_of_ranks"
 SPECTRA_DIR = "spectra"
+#: the metric of a row that says why a layer or projection was not measured (``note``)
+ERROR_METRIC = "error"
 
 
 def rank_metric(eps: float, projection: str | None = None) -> str:
@@ -90,9 +94,13 @@ class RankProbe(Probe):
         epoch: int,
     ) -> Measurement:
         rows: list[Row] = []
-        token_spectra = {layer: singular_values(X) for layer, X in tokens.items()}
-        for layer, sigma in token_spectra.items():
-            rows.append(Row(layer, "n_tokens", float(tokens[layer].shape[0])))
+        token_spectra: dict[str, Tensor] = {}
+        for layer, X in tokens.items():
+            sigma = _spectrum_or_error_row(X, layer, f"{layer}'s tokens", epoch, rows)
+            if sigma is None:
+                continue
+            token_spectra[layer] = sigma
+            rows.append(Row(layer, "n_tokens", float(X.shape[0])))
             rows += [
                 Row(layer, rank_metric(eps), float(rank_from_singular_values(sigma, eps)))
                 for eps in self.epsilons
@@ -101,8 +109,18 @@ class RankProbe(Probe):
         if self.weights:
             with torch.no_grad():
                 for block, projections in pl_module.attention_weights().items():
+                    spectra = {
+                        p: _spectrum_or_error_row(
+                            projections[p].detach(),
+                            f"{block}.{p}",
+                            f"{block}'s {p} projection",
+                            epoch,
+                            rows,
+                        )
+                        for p in ATTENTION_PROJECTIONS
+                    }
                     weight_spectra[block] = {
-                        p: singular_values(projections[p].detach()) for p in ATTENTION_PROJECTIONS
+                        p: sigma for p, sigma in spectra.items() if sigma is not None
                     }
             for block, spectra in weight_spectra.items():
                 rows += [
@@ -146,6 +164,25 @@ class RankProbe(Probe):
         }
 
 
+def _spectrum_or_error_row(
+    M: Tensor, layer: str, what: str, epoch: int, rows: list[Row]
+) -> Tensor | None:
+    """The singular values of ``M``, or None after appending an ``error`` row for ``layer``
+    that says why they cannot be computed (non-finite entries: diverged weights or tokens;
+    an SVD that does not converge). A probe never stops a run."""
+    non_finite = int((~torch.isfinite(M)).sum())
+    if non_finite:
+        reason = f"{non_finite} of {M.numel()} entries of {what} are NaN or inf"
+    else:
+        try:
+            return singular_values(M)
+        except torch.linalg.LinAlgError as err:
+            reason = f"the SVD of {what} failed: {err}"
+    rank_zero_warn(f"RankProbe: {layer} at epoch {epoch} not measured: {reason}")
+    rows.append(Row(layer, ERROR_METRIC, math.nan, reason))
+    return None
+
+
 def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:
     """panel (``input`` or a projection) -> ε -> [(layer, ε-rank)] in the model's layer order."""
     panels: dict[str, dict[float, list[tuple[str, int]]]] = {}
@@ -160,6 +197,7 @@ def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:
                 eps: [
                     (block, rank_from_singular_values(by_p[p], eps))
                     for block, by_p in spectra.weights.items()
+                    if p in by_p
                 ]
                 for eps in spectra.epsilons
             }

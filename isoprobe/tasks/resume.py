@@ -72,12 +72,19 @@ class RunIdentity(Callback):
     """Stores in every Lightning checkpoint what Lightning's own state lacks for a resumed run to
     be the same run: the W&B run ids, the resolved model checkpoint, the data settings that
     define the windows, and the random states, which are restored when training resumes so that
-    the resumed run draws the same batches and dropout masks as an uninterrupted one."""
+    the resumed run draws the same batches and dropout masks as an uninterrupted one. It also
+    stores where every part of each W&B run so far keeps its local log (``wandb_dirs``: config
+    name -> save dirs), so that a resumed part continues after what they logged."""
 
     def __init__(
-        self, wandb_ids: dict[str, Any], resolved_checkpoint: str, data: dict[str, Any]
+        self,
+        wandb_ids: dict[str, Any],
+        resolved_checkpoint: str,
+        data: dict[str, Any],
+        wandb_dirs: dict[str, list[str]] | None = None,
     ) -> None:
         self.wandb_ids = dict(wandb_ids)
+        self.wandb_dirs = dict(wandb_dirs or {})
         self.resolved_checkpoint = resolved_checkpoint
         self.data = data
         self._rng_to_restore: dict[str, Any] | None = None
@@ -88,6 +95,7 @@ class RunIdentity(Callback):
     ) -> None:
         checkpoint[CHECKPOINT_KEY] = {
             "wandb_ids": self.wandb_ids,
+            "wandb_dirs": self.wandb_dirs,
             "resolved_checkpoint": self.resolved_checkpoint,
             "data": self.data,
             "rng": rng_states(),

@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,7 +26,13 @@ from isoprobe.models.compression import (
 )
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import run_compress
-from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
+from isoprobe.tasks.loggers import (
+    build_loggers,
+    continue_wandb_run,
+    read_wandb_history,
+    wandb_run_ids,
+    wandb_save_dirs,
+)
 from isoprobe.tasks.memory import check_memory_fits
 from isoprobe.tasks.resume import (
     RunIdentity,
@@ -33,6 +40,7 @@ from isoprobe.tasks.resume import (
     check_same_data,
     data_identity,
 )
+from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
@@ -79,15 +87,23 @@ def _single_log_stream() -> None:
 
 
 def run_task(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path)."""
+    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path).
+
+    The run holds its output directory for its whole duration: a second run started in the
+    same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     if cfg.task.name == "analyze":
         return run_analyze(cfg)
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
-    L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
+    with run_directory_lock(output_dir):
+        return _run_in(cfg, output_dir)
+
+
+def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+    L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
@@ -102,7 +118,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     callbacks = [
         instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
     ]
-    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data))
+    wandb_dirs = wandb_save_dirs(loggers, identity.get("wandb_dirs", {}))
+    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
@@ -114,6 +131,7 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     }
     for lg in trainer.loggers:
         lg.log_hyperparams({**params, **run_info})
+    _continue_resumed_wandb_runs(loggers, identity, wandb_dirs)
 
     try:
         results = _run(cfg, trainer, model, datamodule)
@@ -122,6 +140,16 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     finally:
         _finish_wandb()
     return results
+
+
+def _continue_resumed_wandb_runs(
+    loggers: dict[str, Any], identity: dict[str, Any], wandb_dirs: dict[str, list[str]]
+) -> None:
+    """Each W&B run resumed from the checkpoint goes on after what its earlier parts logged."""
+    for name, run_id in identity.get("wandb_ids", {}).items():
+        lg = loggers.get(name)
+        if isinstance(lg, WandbLogger) and lg.version == run_id:
+            continue_wandb_run(lg, read_wandb_history(wandb_dirs[name], run_id))
 
 
 def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
