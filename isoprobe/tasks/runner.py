@@ -23,7 +23,7 @@ from isoprobe.models.compression import (
     export_compressed,
     low_rank_attention,
 )
-from isoprobe.tasks.compress import run_compress
+from isoprobe.tasks.compress import compress_settings, run_compress
 from isoprobe.tasks.loggers import build_loggers, wandb_run_ids
 from isoprobe.tasks.memory import check_memory_fits
 from isoprobe.tasks.resume import (
@@ -82,6 +82,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    if cfg.task.name == "compress":
+        compress_settings(cfg.compress)  # a wrong setting fails before data and model load
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     L.seed_everything(cfg.seed, workers=True)
     output_dir = Path(cfg.paths.output_dir)
