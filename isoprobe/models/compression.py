@@ -153,8 +153,8 @@ def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
 def check_attention_choice(attention: str) -> None:
     if attention not in ATTENTION_CHOICES:
         raise ValueError(
-            f"compress.attention must be one of {ATTENTION_CHOICES} (self: self-attention only; "
-            f"all: self- and cross-attention, the paper's rule), got {attention!r}"
+            f"compress.attention must be one of {list(ATTENTION_CHOICES)} (self: self-attention "
+            f"only; all: self- and cross-attention, the paper's rule), got {attention!r}"
         )
 
 

@@ -36,8 +36,8 @@ from omegaconf import DictConfig, ListConfig
 from isoprobe.callbacks.plots import save_compression_tradeoff
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import (
-    ATTENTION_CHOICES,
     attention_sizes,
+    check_attention_choice,
     compress_attention,
     depth_scaled_eps,
     export_compressed,
@@ -109,8 +109,8 @@ def _flag(settings: Mapping, name: str) -> bool:
 
 
 def compress_settings(settings: Mapping) -> CompressSettings:
-    """The ``compress`` config checked, every option at once, so that a wrong value fails
-    before any model runs; each error names the option and its valid values."""
+    """The ``compress`` config with each option checked, so that a wrong value fails before any
+    model runs; an error names the option and its valid values."""
     known = {f for f in CompressSettings.__dataclass_fields__ if f != "epsilons"} | {"epsilon"}
     unknown = sorted(set(settings) - known)
     if unknown:
@@ -125,11 +125,7 @@ def compress_settings(settings: Mapping) -> CompressSettings:
             f"truncates early blocks harder), got {settings['early_factor']!r}"
         )
     attention = settings["attention"]
-    if attention not in ATTENTION_CHOICES:
-        raise ValueError(
-            f"compress.attention must be one of {list(ATTENTION_CHOICES)} (self: self-attention "
-            f"only; all: self- and cross-attention, the paper's rule), got {attention!r}"
-        )
+    check_attention_choice(attention)
     return CompressSettings(
         epsilons=tuple(epsilons(settings["epsilon"])),
         early_factor=factor,

@@ -72,6 +72,7 @@ def test_selection_and_config_forms(gaussian):
         ({"k_min": 5, "k_max": 3}, "k_min <= k_max"),
         ({"ed_threshold": 0.0}, "ed_threshold"),
         ({"rank_eps": 2.0}, "rank_eps"),
+        ({"metrics": ["eps_rank"]}, r"\['eps_rank'\] were renamed: write \['eps_rank_centred'\]"),
     ],
 )
 def test_bad_config_is_refused_with_the_reason(options, message):
