@@ -4,12 +4,17 @@ against the original model, side by side in one run (the rank-structure paper's 
 For each model (Chronos-T5, Chronos-Bolt) and each size:
 
 - ``bundled`` (the trained checkpoint this project ships): the original and the model compressed
-  at each ε of ``--eps``, with its WQL relative to the original on the energy test windows
-  (seeded alike), so that the largest ε within 1% WQL can be read off;
+  at each ε of ``--eps`` (by default the paper's rule, as ``task=compress``: every self- and
+  cross-attention matrix truncated, smaller or not; ``--attention self --only-if-smaller`` for
+  the other), with its WQL relative to the original on the energy test windows (seeded alike),
+  so that the largest ε within 1% WQL can be read off;
 - ``official`` (an official shape built from its config with random weights: the time and memory
   of a shape need no trained weights, accuracy does): every projection factored at fixed
   fractions of its full rank (``--rank-fractions``), since random weights have no decaying
   spectrum to threshold.
+
+Each table starts with a ``control`` row: an unchanged copy of the original, measured the same
+way, whose ratios (1 up to the machine's noise) say how far apart two equal models read.
 
 Every measurement runs in a fresh process (``spawn``): forecasting a fixed batch (context 512,
 horizon 64; ``--batch`` windows, by default 8 for Chronos-T5, whose sampled decoding is slow, and
@@ -30,6 +35,7 @@ Run: ``.venv/bin/python bench/compress.py [--models chronos chronos_bolt]``.
 from __future__ import annotations
 
 import argparse
+import copy
 import multiprocessing
 import os
 import time
@@ -44,6 +50,8 @@ from torch import nn
 
 from isoprobe.evaluation import ForecastMetrics
 from isoprobe.models.compression import (
+    ATTENTION_CHOICES,
+    attention_matrices,
     attention_sizes,
     compress_attention,
     factor_at_rank_fraction,
@@ -124,13 +132,16 @@ def _energy_wql(model) -> float:
     return float(metrics.compute()["wql"])
 
 
-def _attention_seconds(model, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """(seconds inside the attention projections, seconds in all) of one seeded forecast."""
+def _attention_seconds(
+    model, batch: dict[str, torch.Tensor], attention: str
+) -> tuple[float, float]:
+    """(seconds inside the attention projections that ``attention`` selects, seconds in all)
+    of one seeded forecast."""
     owners = linear_owners(model)
     projections = [
         owners[id(weight)][1]
-        for block in model.attention_weights().values()
-        for weight in block.values()
+        for _, _, parts in attention_matrices(model, attention)
+        for weight in parts.values()
         if id(weight) in owners
     ]
     inside, started = [0.0], [0.0]
@@ -154,15 +165,23 @@ def _attention_seconds(model, batch: dict[str, torch.Tensor]) -> tuple[float, fl
 
 
 def _measure(job: dict, queue) -> None:
-    """One setting in this (fresh) process: ``original``, ``eps<ε>`` or ``fraction<f>``."""
+    """One setting in this (fresh) process: ``original``, ``control`` (an unchanged copy),
+    ``eps<ε>`` or ``fraction<f>``."""
     torch.set_num_threads(job["threads"])
     model = _model(job["model"], job["size"])
     result: dict = {}
     setting = job["setting"]
-    if setting.startswith("eps"):
-        result["attention"] = attention_sizes(compress_attention(model, float(setting[3:])))
+    if setting == "control":
+        model = copy.deepcopy(model)
+        result["attention"] = (1, 1)  # nothing truncated
+    elif setting.startswith("eps"):
+        reports = compress_attention(
+            model, float(setting[3:]), job["attention"], job["only_if_smaller"]
+        )
+        result["attention"] = attention_sizes(reports)
     elif setting.startswith("fraction"):
-        result["attention"] = attention_sizes(factor_at_rank_fraction(model, float(setting[8:])))
+        reports = factor_at_rank_fraction(model, float(setting[8:]), job["attention"])
+        result["attention"] = attention_sizes(reports)
     result["parameters"] = sum(p.numel() for p in model.parameters())
     weights = weight_bytes(model)
     batch = _batch(job["batch"])
@@ -181,7 +200,7 @@ def _measure(job: dict, queue) -> None:
     result["seconds"] = min(seconds)
     result["memory"] = weights + min(peaks)
     if setting == "original":
-        result["attention_seconds"] = _attention_seconds(model, batch)
+        result["attention_seconds"] = _attention_seconds(model, batch, job["attention"])
     if job["wql"]:
         result["wql"] = _energy_wql(model)
     queue.put(result)
@@ -238,6 +257,12 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["bundled", "official"])
     parser.add_argument("--eps", nargs="+", type=float, default=[0.01, 0.05, 0.1, 0.2, 0.3])
     parser.add_argument("--rank-fractions", nargs="+", type=float, default=[0.25, 0.125, 0.0625])
+    parser.add_argument(
+        "--attention", choices=ATTENTION_CHOICES, default="all", help="as compress.attention"
+    )
+    parser.add_argument(
+        "--only-if-smaller", action="store_true", help="as compress.only_if_smaller=true"
+    )
     parser.add_argument("--batch", type=int, help="windows per forecast (default: per model)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
@@ -254,10 +279,12 @@ def main() -> None:
             repeats=args.repeats,
             min_seconds=args.min_seconds,
             threads=args.threads,
+            attention=args.attention,
+            only_if_smaller=args.only_if_smaller,
         )
         for size in args.sizes:
             bundled = size == "bundled"
-            settings = (
+            settings = ["control"] + (
                 [f"eps{e:g}" for e in args.eps]
                 if bundled
                 else [f"fraction{f:g}" for f in args.rank_fractions]
@@ -291,7 +318,8 @@ def main() -> None:
     print(
         "\nratios compressed / original (speed-up = original time / compressed time; bound = the "
         "most that factoring the attention projections can give); memory: weights + the "
-        "forecast's peak resident memory above them"
+        "forecast's peak resident memory above them; control: an unchanged copy, measured alike "
+        f"(attention={args.attention}, only_if_smaller={args.only_if_smaller})"
     )
     layer_speedups(args.widths, token_counts=(64, 4096), repeats=max(20, args.repeats))
 

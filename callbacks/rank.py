@@ -3,27 +3,31 @@
 Two kinds of rows, for every ε in ``epsilons`` (the ε-rank, paper eq. 1: the number of singular
 values at least ε times the largest, :func:`isoprobe.metrics.epsilon_rank`):
 
-- ``rank_eps<ε>`` of every probed layer: the ε-rank of the matrix of its collected tokens
-  ([N, D], not centred). A block's output is the next block's input, so the ``embed`` row is the
-  first block's embedded input and ``encoder.<i>`` the input of block i + 1: the flow-of-ranks
-  of the representations (paper §4). The tokens come from the pass the probes share
-  (:mod:`isoprobe.callbacks.probe`): with the isotropy probe in the same Trainer, no second
-  forward pass.
+- ``rank_uncentred_eps<ε>`` of every probed layer: the ε-rank of the matrix of its collected
+  tokens ([N, D], not centred: the rank of the tokens themselves, which the paper's flow of
+  ranks counts; the isotropy probe's ``eps_rank_centred`` is the rank of their spread around
+  the mean, and the two can differ widely). A block's output is the next block's input, so the
+  ``embed`` row is the first block's embedded input and ``encoder.<i>`` the input of block
+  i + 1: the flow-of-ranks of the representations (paper §4). The tokens come from the pass
+  the probes share (:mod:`isoprobe.callbacks.probe`): with the isotropy probe in the same
+  Trainer, no second forward pass.
 - ``rank_<p>_eps<ε>`` for each attention projection p in q, k, v, o of every block (the model's
   ``attention_weights()``, fused projections split): the flow-of-ranks of the weights (paper
-  figures 5 and 6).
+  figures 5 and 6); the same for each decoder block's cross-attention (the model's
+  ``cross_attention_weights()``), layer ``<block>.cross``.
 
 Pictures (output directory and W&B): ``flow_of_ranks/epoch<e>.png`` (ε-rank against layer, one
-line per ε, a panel for the inputs and one per projection), ``spectra/epoch<e>.png`` (every
-probed layer's normalised singular values σ_i / σ_1, paper figure 2a); W&B also gets each
-projection's singular values as a histogram every probe (``rank/spectrum/<block>.<p>``, paper
+line per ε, a panel for the inputs, one per projection and, for an encoder-decoder, one per
+cross-attention projection), ``spectra/epoch<e>.png`` (every probed layer's normalised singular
+values σ_i / σ_1, paper figure 2a); W&B also gets each projection's singular values as a
+histogram every probe (``rank/spectrum/<block>.<p>``, ``rank/spectrum/<block>.cross.<p>``, paper
 appendix G.2) and ``rank_trajectories.png`` at the end of fit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from isoprobe.metrics.rank import rank_from_singular_values, singular_values
-from isoprobe.models.base import ATTENTION_PROJECTIONS
+from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
 FLOW_DIR = "flow_of_ranks"
@@ -45,17 +49,22 @@ ERROR_METRIC = "error"
 
 
 def rank_metric(eps: float, projection: str | None = None) -> str:
-    """The metric name of an ε-rank: ``rank_eps0.01`` (tokens), ``rank_q_eps0.01`` (weights)."""
-    return f"rank_eps{eps:g}" if projection is None else f"rank_{projection}_eps{eps:g}"
+    """The metric name of an ε-rank: ``rank_uncentred_eps0.01`` (tokens, not centred),
+    ``rank_q_eps0.01`` (weights)."""
+    if projection is None:
+        return f"rank_uncentred_eps{eps:g}"
+    return f"rank_{projection}_eps{eps:g}"
 
 
 @dataclass
 class _Spectra:
-    """Singular values (float64, descending) of one probe: by layer and by block.projection."""
+    """Singular values (float64, descending) of one probe: by layer, by block and projection
+    (self-attention), by ``<block>.cross`` and projection (cross-attention)."""
 
     tokens: dict[str, Tensor]
     weights: dict[str, dict[str, Tensor]]
     epsilons: tuple[float, ...]
+    cross: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
 class RankProbe(Probe):
@@ -63,7 +72,8 @@ class RankProbe(Probe):
 
     Args:
         epsilons: the relative thresholds ε of the ranks (the paper's 1e-3, 1e-2, 1e-1).
-        weights: also measure the attention projections (the model's ``attention_weights()``).
+        weights: also measure the attention projections (the model's ``attention_weights()``
+            and ``cross_attention_weights()``).
         name, csv_name, trajectory_png, log_prefix: as :class:`Probe`, defaults ``rank``,
             ``rank_metrics.csv``, ``rank_trajectories.png``, ``rank``.
         **probe: the :class:`Probe` settings (schedule, probe set, tokens, site, output).
@@ -106,29 +116,20 @@ class RankProbe(Probe):
                 for eps in self.epsilons
             ]
         weight_spectra: dict[str, dict[str, Tensor]] = {}
+        cross_spectra: dict[str, dict[str, Tensor]] = {}
         if self.weights:
-            with torch.no_grad():
-                for block, projections in pl_module.attention_weights().items():
-                    spectra = {
-                        p: _spectrum_or_error_row(
-                            projections[p].detach(),
-                            f"{block}.{p}",
-                            f"{block}'s {p} projection",
-                            epoch,
-                            rows,
-                        )
-                        for p in ATTENTION_PROJECTIONS
-                    }
-                    weight_spectra[block] = {
-                        p: sigma for p, sigma in spectra.items() if sigma is not None
-                    }
-            for block, spectra in weight_spectra.items():
+            weight_spectra = _projection_spectra(pl_module.attention_weights(), str, epoch, rows)
+            # a module written before cross_attention_weights() joined the contract has none
+            cross = getattr(pl_module, "cross_attention_weights", dict)()
+            cross_spectra = _projection_spectra(cross, cross_name, epoch, rows)
+            for layer, spectra in {**weight_spectra, **cross_spectra}.items():
                 rows += [
-                    Row(block, rank_metric(eps, p), float(rank_from_singular_values(sigma, eps)))
+                    Row(layer, rank_metric(eps, p), float(rank_from_singular_values(sigma, eps)))
                     for p, sigma in spectra.items()
                     for eps in self.epsilons
                 ]
-        return Measurement(rows, _Spectra(token_spectra, weight_spectra, self.epsilons))
+        spectra = _Spectra(token_spectra, weight_spectra, self.epsilons, cross_spectra)
+        return Measurement(rows, spectra)
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
         spectra: _Spectra = measurement.artefacts
@@ -149,7 +150,7 @@ class RankProbe(Probe):
         spectra: _Spectra = measurement.artefacts
         media: dict[str, Any] = {
             f"{self.log_prefix}/spectrum/{block}.{p}": wandb.Histogram(sigma.cpu().numpy())
-            for block, by_projection in spectra.weights.items()
+            for block, by_projection in {**spectra.weights, **spectra.cross}.items()
             for p, sigma in by_projection.items()
         }
         for key, path in self.figure_paths(epoch).items():
@@ -183,22 +184,48 @@ def _spectrum_or_error_row(
     return None
 
 
+def _projection_spectra(
+    weights: dict[str, dict[str, Tensor]], name, epoch: int, rows: list[Row]
+) -> dict[str, dict[str, Tensor]]:
+    """``name(block)`` -> projection -> singular values of the matrices ``weights`` names; a
+    matrix that cannot be decomposed gets an error row instead (:func:`_spectrum_or_error_row`)
+    and is left out."""
+    spectra: dict[str, dict[str, Tensor]] = {}
+    with torch.no_grad():
+        for block, projections in weights.items():
+            layer = name(block)
+            found = {
+                p: _spectrum_or_error_row(
+                    projections[p].detach(),
+                    f"{layer}.{p}",
+                    f"{layer}'s {p} projection",
+                    epoch,
+                    rows,
+                )
+                for p in ATTENTION_PROJECTIONS
+            }
+            spectra[layer] = {p: sigma for p, sigma in found.items() if sigma is not None}
+    return spectra
+
+
 def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:
-    """panel (``input`` or a projection) -> ε -> [(layer, ε-rank)] in the model's layer order."""
+    """panel (``input``, a projection, or ``cross <p>`` for a cross-attention projection) ->
+    ε -> [(layer, ε-rank)] in the model's layer order."""
     panels: dict[str, dict[float, list[tuple[str, int]]]] = {}
     if spectra.tokens:
         panels["input"] = {
             eps: [(layer, rank_from_singular_values(s, eps)) for layer, s in spectra.tokens.items()]
             for eps in spectra.epsilons
         }
-    for p in ATTENTION_PROJECTIONS:
-        if spectra.weights:
-            panels[p] = {
-                eps: [
-                    (block, rank_from_singular_values(by_p[p], eps))
-                    for block, by_p in spectra.weights.items()
-                    if p in by_p
-                ]
-                for eps in spectra.epsilons
-            }
+    for prefix, by_block in (("", spectra.weights), ("cross ", spectra.cross)):
+        for p in ATTENTION_PROJECTIONS:
+            if by_block:
+                panels[f"{prefix}{p}"] = {
+                    eps: [
+                        (block, rank_from_singular_values(by_p[p], eps))
+                        for block, by_p in by_block.items()
+                        if p in by_p
+                    ]
+                    for eps in spectra.epsilons
+                }
     return panels

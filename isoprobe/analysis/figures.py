@@ -140,11 +140,15 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     """Each model's ε-rank of its blocks' tokens (rank probe, first probe) against relative
     depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side."""
     table = study.table
-    part = table[(table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_eps[\d.e-]+")]
+    part = table[
+        (table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_uncentred_eps[\d.e-]+")
+    ]
     part = part[part["layer"].str.fullmatch(r"[A-Za-z_]+\.\d+") & (part["epoch"] == 0)]
     if part.empty:
         return None
-    metrics = sorted(part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_eps")))
+    metrics = sorted(
+        part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_uncentred_eps"))
+    )
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         for (model, _), line in part[part["metric"] == metric].groupby(["model", "run"]):

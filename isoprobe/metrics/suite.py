@@ -31,8 +31,9 @@ from isoprobe.metrics.spectrum import (
 #: (``cos_cluster_baseline``), value - baseline (``cos_cluster_excess``), k (``n_clusters``) and
 #: the best mean silhouette (``silhouette``); ``eff_dim``: ``effective_dimension`` at
 #: ``ed_threshold``; ``participation_ratio``; ``partition_ratio`` -> ratio and
-#: ``log_partition_ratio``; ``isoscore``; ``eps_rank``: ``epsilon_rank`` of the centred X at
-#: ``rank_eps``.
+#: ``log_partition_ratio``; ``isoscore``; ``eps_rank_centred``: ``epsilon_rank`` of the centred X
+#: at ``rank_eps``, the dimension of the tokens' spread around their mean (the rank probe's
+#: ``rank_uncentred_eps<ε>`` is that of the tokens themselves, mean included).
 ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "cos_inter": ("cos_inter",),
@@ -48,17 +49,19 @@ ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "participation_ratio": ("participation_ratio",),
         "partition_ratio": ("partition_ratio", "log_partition_ratio"),
         "isoscore": ("isoscore",),
-        "eps_rank": ("eps_rank",),
+        "eps_rank_centred": ("eps_rank_centred",),
     }
 )
-_FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank"}
+_FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank_centred"}
+#: former metric names -> their names now
+RENAMED_METRICS: Mapping[str, str] = MappingProxyType({"eps_rank": "eps_rank_centred"})
 
 
 @dataclass(frozen=True)
 class ProbeMetricsConfig:
     """Which metrics :func:`probe_metrics` computes (names of :data:`ALL_METRICS`) and their
     parameters: the k-means sweep ``k_min``..``k_max``, ``min_silhouette`` and ``seed`` of the
-    cluster-adjusted cosine, the effective dimension's ``ed_threshold`` and the ε-rank's
+    cluster-adjusted cosine, the effective dimension's ``ed_threshold`` and the centred ε-rank's
     ``rank_eps``."""
 
     metrics: tuple[str, ...] = tuple(ALL_METRICS)
@@ -75,6 +78,12 @@ class ProbeMetricsConfig:
             raise ValueError(
                 f"no probe metric chosen (metrics=[]); choose from {list(ALL_METRICS)}, or "
                 "turn the probe off with callbacks=none"
+            )
+        renamed = {m: RENAMED_METRICS[m] for m in self.metrics if m in RENAMED_METRICS}
+        if renamed:
+            raise ValueError(
+                f"probe metrics {list(renamed)} were renamed: write {list(renamed.values())} "
+                "in callbacks.isotropy.metrics.metrics"
             )
         unknown = [m for m in self.metrics if m not in ALL_METRICS]
         if unknown:
@@ -134,9 +143,9 @@ def _spectral_metrics(
             out["participation_ratio"] = participation_ratio_from_eigenvalues(eigenvalues)
         if "isoscore" in chosen:
             out["isoscore"] = isoscore_from_eigenvalues(eigenvalues)
-        if "eps_rank" in chosen:
+        if "eps_rank_centred" in chosen:
             # singular values of the centred X are sqrt((N - 1) lambda): same ratios
-            out["eps_rank"] = rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps)
+            out["eps_rank_centred"] = rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps)
     return out
 
 

@@ -11,7 +11,10 @@ the model contract, every part of which ``tests/models/test_contract.py`` checks
 - :meth:`probe_layers` per probe site, :meth:`token_masks` (which positions are real tokens, for
   all probed layers at once), :meth:`probe_forward` (one pass that runs every probed module
   exactly once);
-- :meth:`attention_weights` (the Q, K, V, O matrices of every block, for the rank measures);
+- :meth:`attention_weights` (the Q, K, V, O matrices of every block's self-attention, for the
+  rank measures and compression) and, for an encoder-decoder, :meth:`cross_attention_weights`
+  (those of every decoder block's cross-attention; ``{}``, the default, for a model without
+  one). Records and reports name a cross-attention ``<block>.cross`` (:func:`cross_name`);
 - :meth:`export` and ``resolved_checkpoint`` (where the weights came from);
 - :meth:`training_memory_bytes` and :meth:`forecast_memory_bytes` (the memory check).
 
@@ -62,6 +65,8 @@ class Forecast:
 PROBE_SITES = ("block", "attention")
 #: the projections of a self-attention sub-layer (see :meth:`ForecastModule.attention_weights`)
 ATTENTION_PROJECTIONS = ("q", "k", "v", "o")
+#: the suffix that names a block's cross-attention in records (see :func:`cross_name`)
+CROSS_SUFFIX = ".cross"
 #: constructor arguments that are code, not settings: kept out of the saved hyperparameters
 _NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
 
@@ -69,6 +74,11 @@ _NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
 def check_probe_site(site: str) -> None:
     if site not in PROBE_SITES:
         raise ValueError(f"probe site must be one of {PROBE_SITES}, got {site!r}")
+
+
+def cross_name(block: str) -> str:
+    """The name of ``block``'s cross-attention in records and plots: ``decoder.3.cross``."""
+    return f"{block}{CROSS_SUFFIX}"
 
 
 class ForecastModule(L.LightningModule, ABC):
@@ -142,6 +152,16 @@ class ForecastModule(L.LightningModule, ABC):
         ``[out_features, in_features]`` as the model applies it (``y = x @ W.T``); a fused QKV or
         KV projection is split into its parts. The tensors are the parameters themselves (no
         copy): the rank measures read them, compression replaces them."""
+
+    def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Decoder block name (as in :meth:`attention_weights`) -> {``q``, ``k``, ``v``, ``o``} ->
+        that block's cross-attention projection matrix, as :meth:`attention_weights` gives the
+        self-attention's: ``q`` reads the decoder's stream, ``k`` and ``v`` the encoder's
+        output, ``o`` writes back to the decoder. The default, ``{}``, is for models without
+        cross-attention (encoder-only and decoder-only); an encoder-decoder overrides it.
+        Kept apart from :meth:`attention_weights` so that code reading only self-attention
+        (one entry per block of ``probe_layers``) is unchanged."""
+        return {}
 
     @abstractmethod
     def export(self, directory: str, dtype: str = "float32") -> None:

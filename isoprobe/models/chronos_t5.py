@@ -271,6 +271,18 @@ class ChronosT5Module(ForecastModule):
             for i, block in enumerate(blocks)
         }
 
+    def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """Every decoder block's cross-attention (T5's ``EncDecAttention``, the block's second
+        layer): ``q`` [H d_kv, d_model] on the decoder's stream, ``k`` and ``v`` on the
+        encoder's output, ``o`` [d_model, H d_kv]; no bias."""
+        return {
+            f"decoder.{i}": {
+                part: getattr(block.layer[1].EncDecAttention, part).weight
+                for part in ATTENTION_PROJECTIONS
+            }
+            for i, block in enumerate(self.t5.decoder.block)
+        }
+
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens only, the batch tokenised once: observed context values (no EOS, no NaN
         padding) in the embedding and the encoder; in the decoder, positions whose input is an

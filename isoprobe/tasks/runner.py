@@ -25,7 +25,7 @@ from isoprobe.models.compression import (
     low_rank_attention,
 )
 from isoprobe.tasks.analyze import run_analyze
-from isoprobe.tasks.compress import run_compress
+from isoprobe.tasks.compress import compress_settings, run_compress
 from isoprobe.tasks.loggers import (
     build_loggers,
     continue_wandb_run,
@@ -96,6 +96,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     if cfg.task.name == "analyze":
         return run_analyze(cfg)
+    if cfg.task.name == "compress":
+        compress_settings(cfg.compress)  # a wrong setting fails before data and model load
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):

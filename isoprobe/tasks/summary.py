@@ -12,7 +12,7 @@ SUMMARY_METRICS = (
     "eff_dim",
     "isoscore",
     "partition_ratio",
-    "rank_eps0.01",
+    "rank_uncentred_eps0.01",
 )
 FORECAST_METRICS = ("nmse", "mase", "wql")
 

@@ -83,7 +83,7 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
     # histograms every probe, the flow-of-ranks picture of the first probe in its row and of
     # the last one when the fit ends (figures_every_n_epochs=0)
     assert ("rank/*", "rank/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
-    ranked = [h for h in history if "rank/rank_eps0.01/embed" in h]
+    ranked = [h for h in history if "rank/rank_uncentred_eps0.01/embed" in h]
     assert [h["rank/epoch"] for h in ranked] == [0, 1]
     ranks = pd.read_csv(tmp_path / "out" / "rank_metrics.csv")
     for row in ranks.itertuples():

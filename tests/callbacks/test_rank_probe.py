@@ -9,11 +9,11 @@ import lightning as L
 import pytest
 import torch
 from isoprobe.callbacks import IsotropyProbe, RankProbe
-from isoprobe.callbacks.rank import rank_metric
+from isoprobe.callbacks.rank import _flow, rank_metric
 from isoprobe.callbacks.records import read_records
 from probe_toy import ToyData, ToyForecaster, seeded_subsample, tokens_by_hand
 
-from isoprobe.metrics import reference
+from isoprobe.metrics import probe_metrics, reference
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 EPSILONS = (1e-3, 1e-2, 1e-1)
@@ -133,3 +133,55 @@ def test_weights_false_measures_the_tokens_only(tmp_path):
     assert {r["layer"] for r in probe.records} == {"embed", "encoder.0", "encoder.1"}
     assert not any("_q_" in r["metric"] for r in probe.records)
     assert torch.is_grad_enabled()
+
+
+class CrossToy(ToyForecaster):
+    """The toy with a cross-attention beside its last block (only its weights are read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cross = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def cross_attention_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        q, k, v = self.cross.in_proj_weight.chunk(3, dim=0)
+        return {"encoder.1": {"q": q, "k": k, "v": v, "o": self.cross.out_proj.weight}}
+
+
+def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_path):
+    L.seed_everything(0)
+    model = CrossToy()
+    with torch.no_grad():  # a known rank: v of rank 3
+        a, b = torch.randn(16, 3), torch.randn(3, 16)
+        model.cross.in_proj_weight[32:].copy_(a @ b)
+    probe = RankProbe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
+    _trainer([probe]).validate(model, datamodule=ToyData(), verbose=False)
+    got = _values(probe.records)
+    fused = model.cross.in_proj_weight.detach().double().numpy()
+    weights = {"q": fused[:16], "k": fused[16:32], "v": fused[32:]}
+    weights["o"] = model.cross.out_proj.weight.detach().double().numpy()
+    for p, W in weights.items():
+        for eps in EPSILONS:
+            assert got[("encoder.1.cross", rank_metric(eps, p))] == reference.epsilon_rank(W, eps)
+    assert got[("encoder.1.cross", rank_metric(1e-3, "v"))] == 3
+    # the self-attention rows are as they were: 3 layers x (tokens + 3 ε) + 2 blocks x 4 x 3
+    assert len(probe.records) == 3 * (1 + 3) + 2 * 4 * 3 + 4 * 3
+
+    measurement = probe.measure(None, model, {}, epoch=0)
+    panels = _flow(measurement.artefacts)
+    assert list(panels) == ["q", "k", "v", "o", "cross q", "cross k", "cross v", "cross o"]
+    assert panels["cross v"][1e-3] == [("encoder.1.cross", 3)]
+    media = probe.wandb_media(0, measurement)
+    assert {f"rank/spectrum/encoder.1.cross.{p}" for p in "qkvo"} <= set(media)
+    assert (tmp_path / "flow_of_ranks" / "epoch0.png").stat().st_size > 0
+
+
+def test_token_ranks_are_named_uncentred_and_differ_from_the_centred_rank():
+    """Tokens spread in 2 directions around a far-off mean: the token matrix has rank 3, its
+    centred spread rank 2. The rank probe's name says which one it reports."""
+    g = torch.Generator().manual_seed(0)
+    spread = torch.randn(200, 2, generator=g) @ torch.randn(2, 8, generator=g)
+    X = spread + 10 * torch.randn(1, 8, generator=g)
+    assert rank_metric(1e-3) == "rank_uncentred_eps0.001"
+    assert reference.epsilon_rank(X.double().numpy(), 1e-3) == 3
+    centred = probe_metrics(X, {"metrics": ["eps_rank_centred"], "rank_eps": 1e-3})
+    assert centred == {"eps_rank_centred": 2.0}

@@ -46,7 +46,7 @@ def test_every_key_equals_its_individual_function(separated_clusters):
         "partition_ratio": partition_ratio(X).ratio,
         "log_partition_ratio": partition_ratio(X).log_ratio,
         "isoscore": isoscore(X),
-        "eps_rank": epsilon_rank(centred, 0.05),
+        "eps_rank_centred": epsilon_rank(centred, 0.05),
     }
     for key, value in expected.items():
         assert out[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
@@ -56,9 +56,11 @@ def test_selection_and_config_forms(gaussian):
     X = gaussian(60, 5) + 1
     only = probe_metrics(X, {"metrics": ["isoscore", "partition_ratio"]})
     assert set(only) == {"isoscore", "partition_ratio", "log_partition_ratio"}
-    hydra_cfg = OmegaConf.create({"metrics": ["eps_rank"], "rank_eps": 0.5, "k_max": 4})
-    assert probe_metrics(X, hydra_cfg) == {"eps_rank": float(epsilon_rank(X - X.mean(0), 0.5))}
-    assert ProbeMetricsConfig.from_any(hydra_cfg).metrics == ("eps_rank",)
+    hydra_cfg = OmegaConf.create({"metrics": ["eps_rank_centred"], "rank_eps": 0.5, "k_max": 4})
+    assert probe_metrics(X, hydra_cfg) == {
+        "eps_rank_centred": float(epsilon_rank(X - X.mean(0), 0.5))
+    }
+    assert ProbeMetricsConfig.from_any(hydra_cfg).metrics == ("eps_rank_centred",)
     assert probe_metrics(X, None) == probe_metrics(X, ProbeMetricsConfig())
 
 
@@ -70,6 +72,7 @@ def test_selection_and_config_forms(gaussian):
         ({"k_min": 5, "k_max": 3}, "k_min <= k_max"),
         ({"ed_threshold": 0.0}, "ed_threshold"),
         ({"rank_eps": 2.0}, "rank_eps"),
+        ({"metrics": ["eps_rank"]}, r"\['eps_rank'\] were renamed: write \['eps_rank_centred'\]"),
     ],
 )
 def test_bad_config_is_refused_with_the_reason(options, message):
@@ -97,7 +100,7 @@ def test_identical_rows_are_defined():
     x = torch.tensor([0.1, -0.7, 0.3, 2.0], dtype=torch.float64)
     out = probe_metrics(x.expand(20, 4))
     assert out["eff_dim"] == 0 and out["participation_ratio"] == 0 and out["isoscore"] == 0
-    assert out["eps_rank"] == 0
+    assert out["eps_rank_centred"] == 0
     assert out["cos_inter"] == pytest.approx(1.0, abs=1e-14)
     assert math.isnan(out["cos_inter_centered"]) and math.isnan(out["cos_cluster"])
     assert out["n_clusters"] == 1
@@ -110,14 +113,14 @@ def test_isotropic_gaussian_is_isotropic_by_every_measure(gaussian):
     assert out["isoscore"] > 0.95
     assert out["partition_ratio"] > 0.75  # see test_metrics_partition_ratio
     assert out["n_clusters"] == 1 and out["silhouette"] < 0.1
-    assert 12 <= out["eff_dim"] <= 14 and out["eps_rank"] == 16
+    assert 12 <= out["eff_dim"] <= 14 and out["eps_rank_centred"] == 16
 
 
 def test_a_line_is_anisotropic_by_every_measure():
     t = torch.cat([torch.linspace(0.5, 2, 30), -torch.linspace(0.5, 2, 10)]).double()
     X = t[:, None] * torch.tensor([[2.0, -1.0, 0.5, 1.0, 3.0]], dtype=torch.float64)
     out = probe_metrics(X)
-    assert out["eff_dim"] == 1 and out["eps_rank"] == 1
+    assert out["eff_dim"] == 1 and out["eps_rank_centred"] == 1
     assert out["isoscore"] == pytest.approx(0.0, abs=1e-9)
     assert out["participation_ratio"] == pytest.approx(1.0, abs=1e-9)
     assert out["cos_inter"] == pytest.approx((30 * 29 + 10 * 9 - 2 * 300) / (40 * 39), abs=1e-14)

@@ -115,7 +115,7 @@ def test_probe_metrics_takes_the_covariance_spectrum_from_the_downdate(gaussian,
     )
     assert probe_metrics(X) == expected
     assert calls == []
-    only_covariance = probe_metrics(X, {"metrics": ["eff_dim", "isoscore", "eps_rank"]})
+    only_covariance = probe_metrics(X, {"metrics": ["eff_dim", "isoscore", "eps_rank_centred"]})
     assert calls == [1]
     for key, value in only_covariance.items():
         assert expected[key] == pytest.approx(value, rel=1e-10), key

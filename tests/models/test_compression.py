@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from isoprobe.models.compression import (
     COMPRESSION_JSON,
     FactoredLinear,
+    attention_matrices,
     attention_sizes,
     compress_attention,
     depth_scaled_eps,
@@ -69,10 +71,11 @@ def tiny_chronos(tmp_path, checkpoint: str = "scratch"):
 
 
 def make_low_rank(model, rank: int) -> None:
-    """Every attention projection of ``model`` replaced by a rank-``rank`` matrix."""
+    """Every attention projection of ``model`` (self- and cross-attention) replaced by a
+    rank-``rank`` matrix."""
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        for projections in model.attention_weights().values():
+        for _, _, projections in attention_matrices(model, "all"):
             for weight in projections.values():
                 out_features, in_features = weight.shape
                 a = torch.randn(out_features, rank, generator=g)
@@ -247,3 +250,150 @@ def test_every_model_compresses_and_reloads_with_identical_forecasts(tmp_path, n
     batch = make_batch()
     expected, got = seeded_forecast(model, batch), seeded_forecast(reloaded, batch)
     torch.testing.assert_close(got.quantiles, expected.quantiles, rtol=0, atol=1e-6)
+
+
+# ----- the paper's rule: every attention matrix, cross-attention too, smaller or not ----------
+
+
+def truncated_by_hand(weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, int]:
+    """W_r = U_r diag(σ_r) V_r^T with σ_i >= eps σ_1 (numpy's SVD, not torch's)."""
+    U, S, Vt = np.linalg.svd(weight.detach().double().numpy(), full_matrices=False)
+    r = int((S >= eps * S[0]).sum())
+    return torch.from_numpy((U[:, :r] * S[:r]) @ Vt[:r]), r
+
+
+def test_a_truncation_that_is_not_smaller_is_the_dense_rank_r_product_or_kept_on_request():
+    # 32 x 48, SPECTRUM's ranks: 5 at 5e-5; 5 (32 + 48) = 400 < 1536 is smaller, so use an
+    # 8 x 8 corner of rank 6 (6 x 16 = 96 >= 64: the factors would not be smaller)
+    g = torch.Generator().manual_seed(2)
+    U, _ = torch.linalg.qr(torch.randn(8, 8, generator=g, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(8, 8, generator=g, dtype=torch.float64))
+    spectrum = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.5, 0.2, 1e-4, 1e-5], dtype=torch.float64)
+    linear = nn.Linear(8, 8).double()
+    with torch.no_grad():
+        linear.weight.copy_(U @ torch.diag(spectrum) @ V.T)
+    dense, rank = factorise(linear, 0.01, only_if_smaller=False)
+    assert rank == 6 and type(dense) is nn.Linear and dense is not linear
+    expected = U[:, :6] @ torch.diag(spectrum[:6]) @ V[:, :6].T
+    torch.testing.assert_close(dense.weight, expected, rtol=0, atol=1e-12)
+    assert torch.equal(dense.bias, linear.bias)
+    assert factorise(linear, 0.01, only_if_smaller=True) == (linear, 6)
+    # at full rank there is nothing to truncate: the layer itself, whatever the rule
+    assert factorise(linear, 1e-9, only_if_smaller=False) == (linear, 8)
+
+
+@pytest.mark.parametrize("eps", [0.3, 0.6])
+def test_the_paper_rule_truncates_every_self_and_cross_attention_matrix(tmp_path, eps):
+    model = tiny_chronos(tmp_path)
+    original = {
+        (block, kind, part): weight.detach().clone()
+        for block, kind, parts in attention_matrices(model, "all")
+        for part, weight in parts.items()
+    }
+    reports = compress_attention(model, eps)  # the defaults: attention=all, only_if_smaller=False
+    # 4 encoder + 4 decoder self-attentions, 4 decoder cross-attentions, q k v o each
+    assert len(reports) == 4 * 12 and sum(r.attention == "cross" for r in reports) == 16
+    for r in reports:
+        expected, rank = truncated_by_hand(original[(r.block, r.attention, r.projection)], eps)
+        assert r.rank == rank and r.status in ("factored", "truncated"), r
+        module = model.get_submodule(r.module)
+        assert r.status == ("factored" if rank * 256 < 128 * 128 else "truncated"), r
+        torch.testing.assert_close(module.weight.double(), expected, rtol=0, atol=1e-5)
+    # the cross-attention the decoder applies is the truncated one
+    cross = model.t5.decoder.block[2].layer[1].EncDecAttention
+    torch.testing.assert_close(
+        cross.v.weight.double(),
+        truncated_by_hand(original[("decoder.2", "cross", "v")], eps)[0],
+        rtol=0,
+        atol=1e-5,
+    )
+
+
+def test_self_attention_only_where_smaller_is_the_rule_before_cross_attention(tmp_path):
+    """attention=self, only_if_smaller=true: exactly the self-attention projections whose
+    factors are smaller are factored; every other parameter is bit-identical."""
+    eps = 0.1
+    model = tiny_chronos(tmp_path)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # the encoder's self-attention of rank 8, the rest as initialised
+        for block in model.t5.encoder.block:
+            for part in "qkvo":
+                weight = getattr(block.layer[0].SelfAttention, part).weight
+                weight.copy_(torch.randn(128, 8, generator=g) @ torch.randn(8, 128, generator=g))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    self_paths = {
+        f"t5.{stack}.block.{i}.layer.0.SelfAttention.{part}"
+        for stack in ("encoder", "decoder")
+        for i in range(4)
+        for part in "qkvo"
+    }
+    smaller = {
+        path
+        for path in self_paths
+        if truncated_by_hand(before[f"{path}.weight"], eps)[1] * 256 < 128 * 128
+    }
+    assert smaller and smaller != self_paths  # the setting tells the two rules apart
+    reports = compress_attention(model, eps, attention="self", only_if_smaller=True)
+    assert {r.attention for r in reports} == {"self"}
+    assert {r.module for r in reports if r.status == "factored"} == smaller
+    assert {r.status for r in reports} == {"factored", "kept"}
+    after = dict(model.named_parameters())
+    for name, value in before.items():
+        if name.rpartition(".")[0] not in smaller:
+            assert torch.equal(after[name], value), name
+
+
+@pytest.mark.parametrize("name", [*MODELS, "llm-t5"])
+def test_cross_attention_weights_are_every_encoder_decoder_attention_of_the_model(tmp_path, name):
+    """Found independently of the wrappers: every nn.Linear under a module named like a
+    cross-attention (T5's EncDecAttention, or 'cross'); encoder-only and decoder-only models
+    have none."""
+    if name == "llm-t5":
+        cfg = compose_config(tmp_path, ["model=llm", "model.checkpoint=scratch", "model.arch=t5"])
+        windows = SimpleNamespace(context_length=32, prediction_length=8, season_length=1, freq="h")
+        model = build_model(cfg.model, windows)
+    else:
+        model = build(tmp_path, name)
+    found = {
+        id(module.weight)
+        for path, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        and any(key in path.lower() for key in ("encdecattention", "cross"))
+    }
+    cross = model.cross_attention_weights()
+    named = {id(w) for parts in cross.values() for w in parts.values()}
+    assert named == found
+    assert bool(cross) == (name in ("chronos", "chronos_bolt", "llm-t5"))
+    decoder_blocks = [b for b in model.attention_weights() if b.startswith("decoder.")]
+    assert list(cross) in ([], decoder_blocks)
+    assert all(set(parts) == set("qkvo") for parts in cross.values())
+
+
+@pytest.mark.slow
+def test_bundled_chronos_at_eps_0_1_the_paper_rule_changes_forecasts_the_old_one_does_not(
+    tiny_config, tmp_path
+):
+    """The trial: chronos-t5-mini at ε = 0.1 read WQL ratio 1.000 under the old rule (nothing
+    factored) and 1.082 under the paper's (on its test windows; fewer here)."""
+    cfg = tiny_config(
+        "task=compress",
+        "model.checkpoint=bundled",
+        "compress.epsilon=0.1",
+        "compress.timed_batches=1",
+        "compress.repeats=1",
+        "compress.save=false",
+    )
+    results = run_task(cfg)
+    (row,) = results["compression"]
+    assert row["factored"] + row["truncated"] == 4 * 12  # every matrix has ε-rank < 128 here
+    assert row["wql_ratio"] != 1.0
+    assert (
+        "compress.attention=all, compress.only_if_smaller=false"
+        in (tmp_path / "compression.md").read_text()
+    )
+    # the old rule on the same model: nothing is smaller, so nothing changes at all
+    model = tiny_chronos(tmp_path, checkpoint="bundled")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    reports = compress_attention(model, 0.1, attention="self", only_if_smaller=True)
+    assert {r.status for r in reports} == {"kept"} and len(reports) == 32
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())

@@ -77,7 +77,9 @@ def test_a_run_stopped_by_a_full_disk_resumes_with_each_probed_epoch_once_in_wan
     killed, resumed = _wandb_parts(run_dir)
     probed = [h["probe/epoch"] for h in killed + resumed if "probe/cos_inter/embed" in h]
     assert probed == [0, 1, 2]
-    assert [h["rank/epoch"] for h in killed + resumed if "rank/rank_eps0.01/embed" in h] == [
+    assert [
+        h["rank/epoch"] for h in killed + resumed if "rank/rank_uncentred_eps0.01/embed" in h
+    ] == [
         0,
         1,
         2,

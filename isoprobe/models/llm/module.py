@@ -396,6 +396,17 @@ class LlmModule(ForecastModule):
                 weights[f"{stack}.{i}"] = parts
         return weights
 
+    def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
+        """T5: every decoder block's ``EncDecAttention`` q, k, v, o; GPT-2 has none."""
+        if self.arch == "gpt2":
+            return {}
+        return {
+            f"decoder.{i}": {
+                p: getattr(block.layer[1].EncDecAttention, p).weight for p in ATTENTION_PROJECTIONS
+            }
+            for i, block in enumerate(self.lm.decoder.block)
+        }
+
     # ----- checkpoints and memory ----------------------------------------------------------
 
     def export(self, directory: str, dtype: str = "float32") -> None:
