@@ -12,7 +12,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from isoprobe.data.local import load_local
 from isoprobe.data.registry import DatasetSpec, SeriesCollection, dataset_spec, load_series
@@ -37,22 +37,39 @@ SHORT_SERIES_POLICIES = ("skip", "error")
 LOCAL_READING_OPTIONS = tuple(inspect.signature(load_local).parameters)[1:]
 
 
-class EpochSampler(Sampler[int]):
+class EpochSampler(DistributedSampler):
     """``num_samples`` of ``size`` indices without replacement, in an order that depends on
     (``seed``, epoch) alone, the epoch read from ``epoch()`` when iteration starts. It draws
     nothing from the global generator, so a run resumed from a checkpoint trains on the same
-    windows in the same order as an uninterrupted run, and dropout draws the same masks."""
+    windows in the same order as an uninterrupted run, and dropout draws the same masks.
 
-    def __init__(self, size: int, num_samples: int, seed: int, epoch: Callable[[], int]) -> None:
-        self.size, self.num_samples, self.seed, self.epoch = size, num_samples, seed, epoch
+    Under DDP process ``rank`` of ``processes`` takes the ``rank``-th, (``rank`` +
+    ``processes``)-th, ... index of that order, so that, in batches of ``batch / processes``,
+    the processes' step i together covers one process's batch i of ``batch`` indices. The last
+    ``num_samples % processes`` indices of the order are left out, so that every process runs
+    the same number of steps. (A DistributedSampler, so that Lightning uses it as it is rather
+    than wrap it in its own, which would shuffle the order once more.)"""
+
+    def __init__(
+        self,
+        size: int,
+        num_samples: int,
+        seed: int,
+        epoch: Callable[[], int],
+        rank: int = 0,
+        processes: int = 1,
+    ) -> None:
+        super().__init__(range(size), num_replicas=processes, rank=rank, shuffle=False)
+        self.size, self.count, self.seed, self.read_epoch = size, num_samples, seed, epoch
 
     def __iter__(self) -> Iterator[int]:
-        (state,) = np.random.SeedSequence([self.seed, self.epoch()]).generate_state(1)
+        (state,) = np.random.SeedSequence([self.seed, self.read_epoch()]).generate_state(1)
         generator = torch.Generator().manual_seed(int(state))
-        return iter(torch.randperm(self.size, generator=generator)[: self.num_samples].tolist())
+        order = torch.randperm(self.size, generator=generator)[: self.count]
+        return iter(order[self.rank : len(self) * self.num_replicas : self.num_replicas].tolist())
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.count // self.num_replicas
 
 
 class TimeSeriesDataModule(L.LightningDataModule):
@@ -70,6 +87,9 @@ class TimeSeriesDataModule(L.LightningDataModule):
         split: fractions of every series for train / validation / test, in time order.
         train_stride / eval_stride: steps between window starts; ``eval_stride`` None = the
             horizon (validation/test targets do not overlap).
+        batch_size: training windows per optimiser step, over all DDP processes together
+            (each takes ``batch_size / world_size`` of them).
+        eval_batch_size: validation and test windows per batch and process (None = batch_size).
         max_train_windows: windows drawn afresh, without replacement, every epoch, in an order
             set by ``seed`` and the epoch (:class:`EpochSampler`); None = all windows, shuffled
             the same way.
@@ -243,16 +263,33 @@ class TimeSeriesDataModule(L.LightningDataModule):
         count = len(dataset)
         if self.max_train_windows is not None:
             count = min(count, self.max_train_windows)
-        sampler = EpochSampler(len(dataset), count, self.seed, self._current_epoch)
+        rank, processes = self._process()
+        sampler = EpochSampler(len(dataset), count, self.seed, self._current_epoch, rank, processes)
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=self._per_process_batch_size(processes),
             sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             # worker seeds from here, not from the global generator that dropout draws from
             generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _process(self) -> tuple[int, int]:
+        """This process's rank and the number of processes (0 and 1 outside DDP)."""
+        trainer = getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _per_process_batch_size(self, processes: int) -> int:
+        """``batch_size`` is the global batch: each of the DDP processes takes ``batch_size /
+        processes`` windows a step (see :class:`EpochSampler` for which)."""
+        if self.batch_size % processes:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is the global batch, split evenly over the "
+                f"{processes} DDP processes (trainer.devices x trainer.num_nodes): set "
+                f"data.batch_size to a multiple of {processes}."
+            )
+        return self.batch_size // processes
 
     def _current_epoch(self) -> int:
         trainer = getattr(self, "trainer", None)

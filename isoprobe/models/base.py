@@ -22,6 +22,37 @@ The batch (:data:`Batch`) always holds ``context`` [B, C] (NaN = missing, left p
 ``target`` [B, H], ``loc`` and ``scale`` [B]; a data module may add further keys (``series_index``,
 ``window_index``, covariates) that a model reads if it knows them. Facts about the data set as a
 whole (its frequency ``freq``, the season) come to the constructor.
+
+What the contract requires of these methods (each point a test of the contract):
+
+- **Scale equivariance.** The windows come unscaled by default (``data.scaling=none``), so a
+  model scales each window itself: multiplying a window's context by c > 0 multiplies its
+  forecast (median and quantiles) by c.
+- **Gaps.** NaN may stand anywhere in ``context`` and ``target``: :meth:`loss` stays finite and
+  so do its gradients (missing target values are left out of the objective, not trained as
+  zeros), and :meth:`forecast` stays finite.
+- **``embed``** is the first block's input, every position of it: the value embeddings plus
+  whatever the model adds or puts in before its first block: absolute position embeddings
+  where it has them (GPT-2's, PatchTST's), special tokens (REG, [MASK], forecast
+  placeholders). A model whose positions are rotary or relative (T5, Moirai, Lag-Llama) has
+  none to add. A block's output is the next block's input, so the layers of a stack are
+  measured at the same positions.
+- **Real tokens.** :meth:`token_masks` marks a position real exactly when the token there
+  carries at least one observed value of its own step(s): not left padding, a missing value
+  (or an all-missing patch), EOS, REG, [MASK], a decoder start token, a forecast placeholder
+  nor a separator between values. Every layer of a stack has the mask of the tokens it reads:
+  a decoder position is real where its (teacher-forced, shifted) input is an observed target
+  value. A token that also carries earlier steps' values as lag features (Lag-Llama) is real
+  exactly when its own step is observed: lagged copies of values are real at their own steps.
+- **Samples.** A model that forecasts by sampling (a ``num_samples`` argument) returns
+  ``Forecast.samples`` [B, num_samples, H], and its quantiles are those samples' empirical
+  quantiles.
+- **Memory.** Each estimate lies within a factor of 4 of the peak it estimates, measured on the
+  CPU (the weights plus the resident memory one step or one forecast adds).
+- **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by
+  ``model.sizes``); bundled weights (``isoprobe/models/bundled``) are optional: a model without
+  them loads a hub id or a local directory (``checkpoint=bundled`` then fails naming the
+  missing folder).
 """
 
 from __future__ import annotations

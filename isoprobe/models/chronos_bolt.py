@@ -23,6 +23,7 @@ interpolated, flat beyond the model's outermost levels (:mod:`isoprobe.models.qu
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -113,6 +114,12 @@ class ChronosBoltModule(ForecastModule):
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         self.sort_quantiles = bool(sort_quantiles)
+        # ``embed``: the encoder's input (patch embeddings and REG), routed through an identity
+        # of the wrapper's own so that the official weights' names stay as they are
+        self.embed_tap = nn.Identity()
+        self.model.encoder.register_forward_pre_hook(
+            functools.partial(_embeds_through, self.embed_tap), with_kwargs=True
+        )
         bolt = self.model.chronos_config
         if self.context_length > bolt.context_length:
             log.warning(
@@ -234,15 +241,15 @@ class ChronosBoltModule(ForecastModule):
                 for stack, blocks in stacks.items()
                 for i, block in enumerate(blocks)
             }
-        layers: dict[str, nn.Module] = {"embed": self.model.input_patch_embedding}
+        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
         for stack, blocks in stacks.items():
             layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
         return layers
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
-        """Real tokens, from the context patched once: ``embed`` [B, P] and the encoder
-        [B, P (+ 1 for REG)] keep the patches that hold an observed value (not all-missing
-        patches, such as left padding; never REG). The decoder's one position [B, 1] is the
+        """Real tokens, from the context patched once: ``embed`` and the encoder [B, P (+ 1
+        for REG)] keep the patches that hold an observed value (not all-missing patches, such
+        as left padding; never REG). The decoder's one position [B, 1] is the
         learned query whose output the quantile head reads, the forecast's summary of the
         window: real when the window holds any observed value."""
         patches = self._patch_observed(batch["context"])
@@ -252,13 +259,7 @@ class ChronosBoltModule(ForecastModule):
         decoder = patches.any(dim=1, keepdim=True)
         layers = list(layers)
         self.check_layer_names(layers, "Chronos-Bolt")
-        masks = {}
-        for name in layers:
-            if name == "embed":
-                masks[name] = patches
-            else:
-                masks[name] = encoder if name.startswith("encoder.") else decoder
-        return masks
+        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
@@ -327,6 +328,11 @@ class ChronosBoltModule(ForecastModule):
         paths = len(bolt.quantiles) if self.prediction_length > bolt.prediction_length else 1
         weights = sum(p.numel() for p in self.parameters())
         return 4 * (batch_size * paths * layer + weights)
+
+
+def _embeds_through(tap: nn.Module, _encoder: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook of the T5 encoder: its ``inputs_embeds`` through ``tap``."""
+    return args, {**kwargs, "inputs_embeds": tap(kwargs["inputs_embeds"])}
 
 
 def _load(

@@ -21,6 +21,7 @@ uni2ts pins old torch/numpy releases, so it is an extra installed without its de
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -155,6 +156,12 @@ class MoiraiForecastModule(ForecastModule):
             )
         self.patch_size = int(patch_size)
         self.num_samples = int(num_samples)
+        # ``embed``: the first layer's input (patch projections, [MASK] on prediction patches),
+        # routed through an identity of the wrapper's own (the weights' names stay as they are)
+        self.embed_tap = nn.Identity()
+        self.module.encoder.layers[0].register_forward_pre_hook(
+            functools.partial(_first_argument_through, self.embed_tap)
+        )
         self.nll = loss_class()
         tokens = self.context_tokens + self.horizon_tokens
         if tokens > self.module.max_seq_len:
@@ -266,7 +273,7 @@ class MoiraiForecastModule(ForecastModule):
         layers = self.module.encoder.layers
         if site == "attention":  # GroupedQueryAttention returns out_proj's output
             return {f"encoder.{i}.attn": layer.self_attn for i, layer in enumerate(layers)}
-        probed: dict[str, nn.Module] = {"embed": self.module.in_proj}
+        probed: dict[str, nn.Module] = {"embed": self.embed_tap}
         probed.update({f"encoder.{i}": layer for i, layer in enumerate(layers)})
         return probed
 
@@ -330,6 +337,11 @@ class MoiraiForecastModule(ForecastModule):
         draws = self.num_samples * tokens * max(module.patch_sizes) * 6
         weights = sum(p.numel() for p in self.parameters())
         return 4 * (batch_size * (layer + draws) + weights)
+
+
+def _first_argument_through(tap: nn.Module, _module: nn.Module, args: tuple) -> tuple:
+    """Forward pre-hook: the module's first positional input through ``tap``."""
+    return (tap(args[0]), *args[1:])
 
 
 def _fetch(source: ResolvedCheckpoint, filename: str) -> str:

@@ -1,5 +1,6 @@
-"""The isotropy and rank probes under DDP (2 CPU processes, gloo) give the numbers of one
-process."""
+"""DDP (2 CPU processes, gloo) against one process: the isotropy and rank probes give the numbers
+of one process for the same weights, and training reproduces one process's (the global batch
+split over the processes, no dropout)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,24 @@ import lightning as L
 import pandas as pd
 import pytest
 import torch
-from ddp_probe_run import probes
-from probe_toy import ToyData, ToyForecaster
+from ddp_probe_run import EPOCHS, datamodule, probes
+from probe_toy import ToyForecaster
 
 SCRIPT = Path(__file__).with_name("ddp_probe_run.py")
+RECORDS = ("probe_metrics.csv", "rank_metrics.csv")
+
+
+def _fit(out_dir: Path, devices: int) -> dict[str, pd.DataFrame]:
+    """Run ddp_probe_run.py on ``devices`` CPU processes; its probe records."""
+    out_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out_dir), str(devices)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {name: pd.read_csv(out_dir / name, float_precision="round_trip") for name in RECORDS}
 
 
 def _one_process_probe(weights: dict, out_dir: Path) -> dict[str, pd.DataFrame]:
@@ -30,7 +45,7 @@ def _one_process_probe(weights: dict, out_dir: Path) -> dict[str, pd.DataFrame]:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.validate(model, datamodule=ToyData(), verbose=False)
+    trainer.validate(model, datamodule=datamodule(), verbose=False)
     return {
         probe.csv_name: pd.DataFrame(probe.records).drop(columns=["epoch", "global_step"])
         for probe in callbacks
@@ -44,27 +59,31 @@ def _epoch(df: pd.DataFrame, epoch: int) -> pd.DataFrame:
 
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one_process(tmp_path: Path) -> None:
-    ddp_dir = tmp_path / "ddp"
-    ddp_dir.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(ddp_dir), "2"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ddp = {
-        name: pd.read_csv(ddp_dir / name, float_precision="round_trip")
-        for name in ("probe_metrics.csv", "rank_metrics.csv")
-    }
+    ddp = _fit(tmp_path / "ddp", devices=2)
     for records in ddp.values():
-        assert sorted(records["epoch"].unique()) == [0, 1]
+        assert sorted(records["epoch"].unique()) == list(range(EPOCHS + 1))
         assert (records["metric"] != "error").all()
 
-    # probe set of 8 windows in batches of 3 over 2 ranks: rank 0 runs batches 0 and 2, rank 1
-    # batch 1 and a padding batch; 60 of the ~75 real tokens per layer are subsampled
-    for epoch, weights in ((0, "init.pt"), (1, "final.pt")):
-        state = torch.load(ddp_dir / weights, weights_only=True)
+    # the probe, same weights: probe set of 8 windows in batches of 3 over 2 ranks: rank 0
+    # runs batches 0 and 2, rank 1 batch 1 and a padding batch; 60 of the real tokens per layer
+    # are subsampled. Exactly one process's numbers.
+    for epoch, weights in ((0, "init.pt"), (EPOCHS, "final.pt")):
+        state = torch.load(tmp_path / "ddp" / weights, weights_only=True)
         single = _one_process_probe(state, tmp_path / f"single{epoch}")
         for name, records in ddp.items():
             pd.testing.assert_frame_equal(_epoch(records, epoch), single[name], check_exact=True)
+
+    # training: each process takes half of every global batch of 8 windows (the same windows in
+    # the same order as one process), DDP averages the gradients: one process's weights and probe
+    # numbers after every epoch, up to float32 summation order
+    one = _fit(tmp_path / "one", devices=1)
+    trained = torch.load(tmp_path / "ddp" / "final.pt", weights_only=True)
+    reference = torch.load(tmp_path / "one" / "final.pt", weights_only=True)
+    assert trained.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(trained[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    for name, records in ddp.items():
+        for epoch in range(EPOCHS + 1):
+            pd.testing.assert_frame_equal(
+                _epoch(records, epoch), _epoch(one[name], epoch), rtol=1e-4, atol=1e-6
+            )

@@ -246,9 +246,9 @@ def test_token_masks_are_the_observed_patches_and_never_reg():
     layers = ["embed", "encoder.0", "encoder.1.attn", "decoder.1", "decoder.0.attn"]
     masks = module.token_masks(batch, layers)
     patches = torch.tensor([[0, 0, 1], [1, 1, 1], [1, 0, 1], [0, 0, 0]], dtype=torch.bool)
-    assert torch.equal(masks["embed"], patches)
     reg = torch.zeros(4, 1, dtype=torch.bool)
-    assert torch.equal(masks["encoder.0"], torch.cat([patches, reg], dim=1))
+    assert torch.equal(masks["embed"], torch.cat([patches, reg], dim=1))
+    assert torch.equal(masks["encoder.0"], masks["embed"])
     assert torch.equal(masks["encoder.1.attn"], masks["encoder.0"])
     # the model's own attention mask is the same, with REG attended
     _, _, _, attention = module.model.encode(context)
@@ -273,7 +273,7 @@ def test_probe_layers_capture_the_patch_embedding_and_every_block():
     for h in hooks:
         h.remove()
     _, _, input_embeds, _ = module.model.encode(batch["context"])
-    assert torch.equal(captured["embed"], input_embeds[:, :-1])  # the encoder's input, no REG
+    assert torch.equal(captured["embed"], input_embeds)  # the encoder's input, REG included
     assert captured["encoder.1"][0].shape == (4, 64 // PATCH + 1, 16)
     assert captured["decoder.0"][0].shape == (4, 1, 16)  # the one learned query
 

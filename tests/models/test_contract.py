@@ -1,9 +1,14 @@
 """The model contract (isoprobe.models.base.ForecastModule), checked for every configs/model/*.yaml
-built from scratch: layers and sites, token masks, hooks, a probe that changes nothing,
-forecasts of the right shape and scale, and export/reload."""
+built from scratch: layers and sites, token masks (exactly the tokens that carry observed
+values), ``embed`` as the first block's input, hooks, a probe that changes nothing, a finite loss
+and gradients on windows with gaps, forecasts of the right shape and scale drawn from
+``num_samples`` samples, memory estimates within a factor of the measured peak, and
+export/reload."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +17,7 @@ from isoprobe.callbacks.collect import _capture_outputs
 from torch import nn
 
 from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, ForecastModule
+from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 from isoprobe.tasks.runner import build_model
 from tests.conftest import CONFIG_DIR, compose_config
 
@@ -19,8 +25,10 @@ MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 CONTEXT, HORIZON, BATCH = 32, 8, 3
 
 
-def build(tmp_path, name: str, checkpoint: str = "scratch") -> ForecastModule:
-    cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}"])
+def build(
+    tmp_path, name: str, checkpoint: str = "scratch", overrides: Sequence[str] = ()
+) -> ForecastModule:
+    cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}", *overrides])
     windows = SimpleNamespace(
         context_length=CONTEXT, prediction_length=HORIZON, season_length=1, freq="h"
     )
@@ -155,3 +163,211 @@ def test_hyperparameters_are_saved_as_plain_values(tmp_path, name):
             pending += value.values()
         elif isinstance(value, (list, tuple)):
             pending += value
+
+
+NAN = float("nan")
+
+
+#: a row's 21 observed context values in time order. Every value differs from its neighbours
+#: in every digit the LLM writes: scaled so that the 0.95 quantile of |x| (the 20th of 21, 10) is
+#: 1, they read 789, 123, 456, 123, 456, ..., 1000, 2111, so that every token of a value changes
+#: when :func:`swapped_neighbours` moves the values; Chronos-T5's bins tell them apart too.
+OBSERVED_ROW = [7.89, 1.23, 4.56] + [1.23, 4.56] * 8 + [10.0, 21.11]
+
+
+def gapped_batch() -> dict[str, torch.Tensor]:
+    """Windows with every kind of gap: left padding (row 0), missing values inside the context
+    and the target (row 1), and missing last context steps and last target steps (row 2); each
+    row has :data:`OBSERVED_ROW` at its observed context steps."""
+    context = torch.full((BATCH, CONTEXT), NAN)
+    target = torch.linspace(2.0, 9.0, HORIZON).repeat(BATCH, 1)
+    observed = [list(range(11, CONTEXT)), [*range(5), *range(16, CONTEXT)], list(range(21))]
+    for row, steps in enumerate(observed):
+        context[row, steps] = torch.tensor(OBSERVED_ROW)
+    target[1, 3:5] = NAN
+    target[2, -2:] = NAN
+    zeros = torch.zeros(BATCH)
+    return {"context": context, "target": target, "loc": zeros, "scale": zeros + 1}
+
+
+def swapped_neighbours(values: torch.Tensor) -> torch.Tensor:
+    """Each row's observed values swapped with an observed neighbour, in pairs from the
+    latest down (an odd one out joins the earliest pair in a rotated triple): every observed
+    position gets another value, missing ones stay missing, and the values' multiset (so any
+    scale or location computed from them) stays the same."""
+    moved = values.clone()
+    for row in range(values.shape[0]):
+        observed = torch.isfinite(values[row]).nonzero().squeeze(1).flip(0).tolist()
+        groups = [observed[i : i + 2] for i in range(0, len(observed), 2)]
+        if len(groups[-1]) == 1 and len(groups) > 1:
+            groups[-2:] = [groups[-2] + groups[-1]]
+        for group in groups:
+            moved[row, group] = values[row, group].roll(1)
+    return moved
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_loss_and_gradients_are_finite_on_windows_with_gaps(tmp_path, name):
+    model = build(tmp_path, name).train()
+    torch.manual_seed(0)
+    loss = model.loss(gapped_batch())
+    assert loss.dim() == 0 and torch.isfinite(loss), float(loss)
+    loss.backward()
+    gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert gradients, "the loss reaches no parameter"
+    not_finite = [n for n, g in gradients.items() if not torch.isfinite(g).all()]
+    assert not not_finite, f"non-finite gradients in {not_finite[:5]}"
+
+
+#: models whose tokens also carry earlier steps' values (lag features): a missing step's token
+#: still changes with the observed values, so only left padding has tokens that carry none
+LAGGED = {"lag_llama"}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_masks_mark_exactly_the_tokens_that_carry_observed_values(tmp_path, name):
+    """A token of ``embed`` carries an observed value exactly when its representation changes
+    as the observed values move to other positions (same values: same scale); every layer with
+    ``embed``'s token positions has ``embed``'s mask."""
+    model = build(tmp_path, name)
+    batch = gapped_batch()
+    moved = {
+        **batch,
+        "context": swapped_neighbours(batch["context"]),
+        "target": swapped_neighbours(batch["target"]),
+    }
+    embed = {"embed": model.probe_layers()["embed"]}
+    outputs = []
+    for b in (batch, moved):
+        with torch.no_grad(), _capture_outputs(embed) as captured:
+            model.probe_forward(b)
+        outputs.append(captured["embed"][0])
+    carries = (outputs[0] != outputs[1]).any(dim=-1)
+    masks = model.token_masks(batch, list(model.probe_layers()))
+    real = masks["embed"]
+    rows = [0] if name in LAGGED else list(range(BATCH))
+    for row in rows:
+        assert torch.equal(real[row], carries[row]), (
+            f"row {row}: marked real {real[row].int().tolist()}, "
+            f"carry observed values {carries[row].int().tolist()}"
+        )
+    assert not (real & ~carries).any()  # no marked token without an observed value
+    for layer, mask in masks.items():
+        if mask.shape == real.shape:
+            assert torch.equal(mask, real), layer
+
+
+def first_block(model: ForecastModule) -> nn.Module:
+    """The block ``embed`` feeds: the largest module holding the first block's query weight
+    but not the second block's."""
+    weights = list(model.attention_weights().values())
+
+    def parameter(w: torch.Tensor) -> torch.Tensor:
+        return w if w._base is None else w._base
+
+    first, second = parameter(weights[0]["q"]), parameter(weights[1]["q"])
+    holders = [
+        m
+        for m in model.modules()
+        if any(p is first for p in m.parameters()) and all(p is not second for p in m.parameters())
+    ]
+    return max(holders, key=lambda m: sum(1 for _ in m.modules()))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_embed_is_what_the_first_block_reads(tmp_path, name):
+    """``embed`` is the first block's input, every position of it: the value embeddings with
+    whatever the model adds or puts in before the first block (position embeddings where it has
+    them, special tokens such as REG or [MASK])."""
+    model = build(tmp_path, name)
+    read = []
+
+    def keep_input(_module, args, kwargs):
+        hidden = args[0] if args else next(v for v in kwargs.values() if torch.is_tensor(v))
+        read.append(hidden.detach().clone())
+
+    batch = make_batch()
+    handle = first_block(model).register_forward_pre_hook(keep_input, with_kwargs=True)
+    try:
+        with torch.no_grad(), _capture_outputs({"embed": model.probe_layers()["embed"]}) as got:
+            model.probe_forward(batch)
+    finally:
+        handle.remove()
+    embed, block_input = got["embed"][0], read[0]
+    assert embed.shape == block_input.shape, (tuple(embed.shape), tuple(block_input.shape))
+    assert torch.equal(embed, block_input)
+
+
+#: what makes a model's forecasts sampled where its configuration's default does not
+SAMPLED = {"patchtst": ["model.loss=nll"]}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forecasts_are_quantiles_of_num_samples_samples(tmp_path, name):
+    model = build(tmp_path, name)
+    if "num_samples" not in model.hparams:
+        pytest.skip(f"{name} forecasts quantiles directly (no num_samples)")
+    for count in (1, 3):
+        overrides = [f"model.num_samples={count}", *SAMPLED.get(name, [])]
+        forecast = seeded_forecast(build(tmp_path, name, overrides=overrides), make_batch())
+        assert forecast.samples is not None
+        assert tuple(forecast.samples.shape) == (BATCH, count, HORIZON)
+        levels = torch.tensor(forecast.levels, dtype=forecast.samples.dtype)
+        expected = torch.nanquantile(forecast.samples, levels, dim=1).permute(1, 0, 2)
+        torch.testing.assert_close(forecast.quantiles, expected.to(forecast.quantiles.dtype))
+        if count == 1:  # one sample: every quantile is that sample
+            assert (forecast.quantiles == forecast.quantiles[:, :1]).all()
+
+
+#: an estimate may be this many times above or below the measured peak: the estimates count the
+#: largest tensors a step keeps, not the allocator's slack nor every temporary; a factor of 4
+#: still catches an estimate of nothing, or one that forgets the optimiser state (3 copies of
+#: the weights) or the activations when they dominate
+MEMORY_FACTOR = 4.0
+MEMORY_BATCH = 16
+#: fewer sample paths than the configurations' defaults, for speed (the estimates count them)
+MEMORY_OVERRIDES = {
+    name: ["model.num_samples=4"] for name in ("chronos", "lag_llama", "llm", "moirai", "patchtst")
+}
+
+
+def memory_batch() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    context = torch.randn(MEMORY_BATCH, CONTEXT, generator=g).cumsum(-1) + 20
+    target = torch.randn(MEMORY_BATCH, HORIZON, generator=g) + 20
+    zeros = torch.zeros(MEMORY_BATCH)
+    return {"context": context, "target": target, "loc": zeros, "scale": zeros + 1}
+
+
+def training_step(model: ForecastModule, batch: dict[str, torch.Tensor]) -> None:
+    """One AdamW step from fresh gradients and optimiser state, as the first of a fit."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model.loss(batch).backward()
+    optimizer.step()
+
+
+def within_factor(estimate: int, measured: int) -> bool:
+    return measured / MEMORY_FACTOR <= estimate <= measured * MEMORY_FACTOR
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpu_peak_supported(), reason="needs Linux's /proc/self/clear_refs")
+@pytest.mark.parametrize("name", MODELS)
+def test_memory_estimates_are_within_a_factor_of_the_measured_peak(tmp_path, name):
+    """The weights (resident before) plus the peak resident memory one step adds (VmHWM, see
+    isoprobe.tasks.peak_memory); a step on a copy first, so that the measured one pays for no
+    library loaded on first use."""
+    overrides = MEMORY_OVERRIDES.get(name, [])
+    model = build(tmp_path, name, overrides=overrides).train()
+    batch = memory_batch()
+    training_step(copy.deepcopy(model), batch)
+    trained = weight_bytes(model) + cpu_peak_bytes(lambda: training_step(model, batch))
+    estimate = model.training_memory_bytes(MEMORY_BATCH)
+    assert within_factor(estimate, trained), (estimate, trained)
+
+    model = build(tmp_path, name, overrides=overrides)
+    with torch.no_grad():
+        seeded_forecast(model, batch)
+        forecast = weight_bytes(model) + cpu_peak_bytes(lambda: seeded_forecast(model, batch))
+    estimate = model.forecast_memory_bytes(MEMORY_BATCH)
+    assert within_factor(estimate, forecast), (estimate, forecast)

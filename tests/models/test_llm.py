@@ -124,7 +124,11 @@ def test_context_tokens_and_real_token_counts_are_exact():
     assert encoded.real[1].sum() == 7 * 5 and encoded.attention[1].sum() == 7 * 5 + 2
     assert not encoded.real[encoded.attention == 0].any()
     masks = module.token_masks(batch, ["embed", "decoder.1", "decoder.0.attn"])
-    assert all(torch.equal(m, encoded.real) for m in masks.values())
+    # the probe's real tokens write a value: the digits and signs, not the "," after them
+    assert masks["embed"].sum(dim=1).tolist() == [3 + 4 + 4 + 3 + 4, 7 * 4]
+    comma = module.token_map.symbol_ids[","][0]
+    assert torch.equal(masks["embed"], encoded.real & encoded.ids.ne(comma))
+    assert all(torch.equal(m, masks["embed"]) for m in masks.values())
     with pytest.raises(KeyError, match="unknown LLM layer"):
         module.token_masks(batch, ["lm_head"])
 
@@ -135,12 +139,14 @@ def test_t5_masks_leave_out_eos_and_the_decoder_start():
     encoder, _ = module.encode_context(batch)
     assert encoder.ids[:, -1].eq(module.token_map.eos_id).all()
     assert not masks["encoder.0"][:, -1].any()
-    assert masks["encoder.0"].sum() == encoder.real.sum() == 23 + 35
+    assert encoder.real.sum() == 23 + 35
+    assert masks["encoder.0"].sum() == 18 + 28  # the real tokens less their "," separators
     decoder = masks["decoder.1"]
     assert not decoder[:, 0].any()
-    # targets over q: row 0 "5 0 0 , - 1 0 0 0 , 1 2 5 ," (14 tokens, the last is no input);
-    # row 1 "2 0 0 0 , NaN , 1 0 0 0 ," (10 real, 2 padding after it)
-    assert decoder[0].sum() == 14 - 1 and decoder[1].sum() == 10
+    # targets over q: row 0 "5 0 0 , - 1 0 0 0 , 1 2 5 ," (14 tokens, the last is no input,
+    # 2 of the other 13 are separators); row 1 "2 0 0 0 , NaN , 1 0 0 0 ," (10 real, 2 of them
+    # separators, 2 padding after it)
+    assert decoder[0].sum() == 14 - 1 - 2 and decoder[1].sum() == 10 - 2
 
 
 def test_a_long_context_is_cut_at_a_value_boundary_to_fit_gpt2_positions():

@@ -362,17 +362,17 @@ class LlmModule(ForecastModule):
         return layers
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
-        """Real tokens are those of observed values: their digits, sign and the ``,`` after
-        them; not padding, EOS, nor a missing value's ``NaN`` and separator. GPT-2 and T5's
-        encoder read the context; T5's decoder positions are real where their input is an
-        observed target token (teacher forcing; not the start token)."""
+        """Real tokens are those that write an observed value: its digits and sign; not the
+        ``,`` after it (a separator carries no value), padding, EOS, nor a missing value's
+        ``NaN``. GPT-2 and T5's encoder read the context; T5's decoder positions are real where
+        their input is such a target token (teacher forcing; not the start token)."""
         if self.arch == "t5":
             encoder, decoder = self.encode_training(batch)
-            encoder_mask = encoder.real
+            encoder_mask = self._writing_values(encoder)
             start = torch.zeros_like(decoder.real[:, :1])
-            decoder_mask = torch.cat([start, decoder.real[:, :-1]], dim=1)
+            decoder_mask = torch.cat([start, self._writing_values(decoder)[:, :-1]], dim=1)
         else:
-            encoder_mask = decoder_mask = self.encode_context(batch)[0].real
+            encoder_mask = decoder_mask = self._writing_values(self.encode_context(batch)[0])
         layers = list(layers)
         self.check_layer_names(layers, "LLM")
         masks = {}
@@ -380,6 +380,12 @@ class LlmModule(ForecastModule):
             reads_target = self.arch == "t5" and name.startswith("decoder.")
             masks[name] = decoder_mask if reads_target else encoder_mask
         return masks
+
+    def _writing_values(self, encoded: Encoded) -> Tensor:
+        """The tokens of ``encoded`` that write an observed value (``real``, separators out;
+        the loss still trains the separators, which forecasts need to be read)."""
+        separators = torch.tensor(self.token_map.symbol_ids[COMMA], device=encoded.ids.device)
+        return encoded.real & ~torch.isin(encoded.ids, separators)
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """GPT-2: ``c_attn`` is a Conv1D whose weight is ``[in, 3 out]`` (``y = x @ W``): q, k, v
