@@ -21,9 +21,9 @@ import torch
 # this folder (probe_toy) and the repository root: the isoprobe under test, whatever is installed
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
+from isoprobe.callbacks import IsotropyProbe, RankProbe  # noqa: E402
 from probe_toy import CONTEXT, HORIZON, ToyForecaster  # noqa: E402
 
-from isoprobe.callbacks import IsotropyProbe, RankProbe  # noqa: E402
 from isoprobe.data import TimeSeriesDataModule  # noqa: E402
 from isoprobe.data.registry import SeriesCollection, register_dataset  # noqa: E402
 
