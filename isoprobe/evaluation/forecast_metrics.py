@@ -1,4 +1,5 @@
-"""Point and probabilistic forecast metrics (METRICS.md, "Forecast metrics").
+"""Point and probabilistic forecast metrics: NMSE (the isotropy paper's), MSE, MAE, MASE and
+WQL (the rank-structure paper's, over ``levels``), each defined in its function's docstring.
 
 All functions take torch tensors and compute in float64: ``median`` and ``target`` [B, H] (B
 windows, H horizon steps), ``quantiles`` [B, Q, H] at ``levels``, ``samples`` [B, S, H],

@@ -10,7 +10,7 @@ from gluonts.time_feature import get_seasonality
 from isoprobe.data import available_datasets, dataset_spec, load_series
 from isoprobe.data.offline import on_grid
 
-# name: (domain, pandas frequency, number of series), from DATA.md's table and each set's source
+# name: (domain, pandas frequency, number of series), from each set's source
 EXPECTED = {
     "vic_elec": ("energy", "30min", 1),
     "epf_prices": ("energy", "h", 2),

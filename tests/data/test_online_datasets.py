@@ -12,7 +12,7 @@ import pytest
 from isoprobe.data import TimeSeriesDataModule, dataset_spec, load_series, online
 from isoprobe.data.online import BENCHMARKS, series_from_frame
 
-# DATA.md: the authors' (context, horizon) per benchmark set
+# the authors' (context, horizon) per benchmark set (the rank-structure paper)
 AUTHORS_WINDOWS = {
     "australian_electricity": (144, 48),
     "solar": (90, 30),

@@ -63,7 +63,7 @@ def test_unstructured_cloud_falls_back_to_one_cluster_like_sklearn(gaussian, bru
 
 def test_equal_norm_clusters_sit_exactly_on_the_baseline():
     # Each cluster is centre +- r e_i: its centred members have equal norms and sum to zero,
-    # so their mean cosine is exactly -1/(n_c - 1) (METRICS.md, the sample-size baseline).
+    # so their mean cosine is exactly -1/(n_c - 1) (the sample-size baseline).
     d = 5
     cross = torch.cat([torch.eye(d), -torch.eye(d)]).double()
     centres = torch.tensor([[40.0] * d, [-40.0] * d, [40.0, -40.0] + [0.0] * (d - 2)])
