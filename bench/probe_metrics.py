@@ -3,9 +3,9 @@
 The reference is what the authors' public code does for the cluster-adjusted cosine: on the
 globally centred tokens, scikit-learn ``KMeans(n_clusters=k, random_state=42)`` and
 ``silhouette_score`` for every k in 2..16, the k of the best silhouette (one cluster if it is
-below 0.1, as the authors' code does), then the mean inter-token cosine inside the centroid-subtracted
-clusters. Ours is the FULL metric suite (both cosines, cluster cosine, effective dimension,
-participation ratio, partition ratio, IsoScore, epsilon-rank) in float64.
+below 0.1, as the authors' code does), then the mean inter-token cosine inside the
+centroid-subtracted clusters. Ours is the FULL metric suite (both cosines, cluster cosine,
+effective dimension, participation ratio, partition ratio, IsoScore, epsilon-rank) in float64.
 
 Token clouds (N x 512, seeded): ``structured`` = a few anisotropic Gaussian clusters of different
 sizes and scales plus a common offset (what transformer layers look like: islands, a few
