@@ -126,10 +126,11 @@ def one_thread():
 @pytest.mark.slow
 def test_an_unchanged_model_reads_one_in_time_and_memory(tiny_config, one_thread):
     """At ε = 1e-9 every matrix keeps its full rank: nothing changes, so the ratios are those of
-    two equal models. Tolerance: on the shared 2-core CPU this was developed on (load 6-8),
-    40 such pairs read 0.94-1.13 in time (median of 5 back-to-back ratios) and 0.95-1.04 in
-    memory; the trial's bug read 0.56-0.66 in both. Bounds of 4/3 either way in time and 10%
-    in memory leave twice the noise seen and still catch that."""
+    two equal models. Tolerance: measured exactly so (the same model, windows and 5 rounds, one
+    thread) 20 times on the shared 2-core CPU this was developed on (load 3-4), the time ratio
+    read 0.815-1.223 and the memory ratio 0.967-1.092; the trial's bug read 0.56-0.66 in both.
+    A factor of 4/3 either way in time and of 1.2 in memory is about 1.5 and 2 times the
+    widest deviation seen, and still catches that."""
     results = run_task(
         tiny_config(
             "task=compress",
@@ -145,4 +146,4 @@ def test_an_unchanged_model_reads_one_in_time_and_memory(tiny_config, one_thread
     (row,) = results["compression"]
     assert row["factored"] == row["truncated"] == 0 and row["wql_ratio"] == 1.0
     assert 0.75 <= row["time_ratio"] <= 4 / 3, row
-    assert 0.9 <= row["memory_ratio"] <= 1.1, row
+    assert 1 / 1.2 <= row["memory_ratio"] <= 1.2, row
