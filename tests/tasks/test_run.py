@@ -304,7 +304,13 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_runs(tiny_co
     with pytest.raises(MemoryError, match=r"one training step needs about \d+\.\d GiB"):
         run_task(cfg)
     assert not (tmp_path / "checkpoints").exists()
-    cfg = tiny_config("data.context_length=2000", "data.eval_batch_size=4096", "task=probe")
+    # scratch: a loaded checkpoint reads only its own context length (128 for the bundled one)
+    cfg = tiny_config(
+        "data.context_length=2000",
+        "data.eval_batch_size=4096",
+        "task=probe",
+        "model.checkpoint=scratch",
+    )
     with pytest.raises(MemoryError, match=r"forecasting one evaluation batch needs about"):
         run_task(cfg)
     assert not (tmp_path / "probe_metrics.csv").exists()
