@@ -112,6 +112,19 @@ def cross_name(block: str) -> str:
     return f"{block}{CROSS_SUFFIX}"
 
 
+def t5_cross_attention_weights(decoder_blocks: Iterable[nn.Module]) -> dict[str, dict[str, Tensor]]:
+    """``decoder.<i>`` -> q, k, v, o of each T5 decoder block's cross-attention
+    (``EncDecAttention``, the block's second layer): ``q`` [H d_kv, d_model] on the decoder's
+    stream, ``k`` and ``v`` on the encoder's output, ``o`` [d_model, H d_kv]; no bias. What
+    :meth:`ForecastModule.cross_attention_weights` returns for every T5-based model."""
+    return {
+        f"decoder.{i}": {
+            p: getattr(block.layer[1].EncDecAttention, p).weight for p in ATTENTION_PROJECTIONS
+        }
+        for i, block in enumerate(decoder_blocks)
+    }
+
+
 class ForecastModule(L.LightningModule, ABC):
     """Training loop, optimiser and forecast metrics shared by every forecaster wrapper.
 

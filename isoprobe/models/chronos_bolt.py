@@ -41,6 +41,7 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
+    t5_cross_attention_weights,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -275,16 +276,8 @@ class ChronosBoltModule(ForecastModule):
         }
 
     def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
-        """Every decoder block's cross-attention (T5's ``EncDecAttention``, the block's second
-        layer): ``q`` [H d_kv, d_model] on the decoder's stream, ``k`` and ``v`` on the
-        encoder's output, ``o`` [d_model, H d_kv]; no bias."""
-        return {
-            f"decoder.{i}": {
-                part: getattr(block.layer[1].EncDecAttention, part).weight
-                for part in ATTENTION_PROJECTIONS
-            }
-            for i, block in enumerate(self.model.decoder.block)
-        }
+        """Every decoder block's cross-attention (:func:`t5_cross_attention_weights`)."""
+        return t5_cross_attention_weights(self.model.decoder.block)
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """``ChronosBoltModelForForecasting.save_pretrained``: the official format (config.json

@@ -26,6 +26,7 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
+    t5_cross_attention_weights,
 )
 from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
@@ -272,16 +273,8 @@ class ChronosT5Module(ForecastModule):
         }
 
     def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
-        """Every decoder block's cross-attention (T5's ``EncDecAttention``, the block's second
-        layer): ``q`` [H d_kv, d_model] on the decoder's stream, ``k`` and ``v`` on the
-        encoder's output, ``o`` [d_model, H d_kv]; no bias."""
-        return {
-            f"decoder.{i}": {
-                part: getattr(block.layer[1].EncDecAttention, part).weight
-                for part in ATTENTION_PROJECTIONS
-            }
-            for i, block in enumerate(self.t5.decoder.block)
-        }
+        """Every decoder block's cross-attention (:func:`t5_cross_attention_weights`)."""
+        return t5_cross_attention_weights(self.t5.decoder.block)
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens only, the batch tokenised once: observed context values (no EOS, no NaN

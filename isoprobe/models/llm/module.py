@@ -43,6 +43,7 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
+    t5_cross_attention_weights,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -406,12 +407,7 @@ class LlmModule(ForecastModule):
         """T5: every decoder block's ``EncDecAttention`` q, k, v, o; GPT-2 has none."""
         if self.arch == "gpt2":
             return {}
-        return {
-            f"decoder.{i}": {
-                p: getattr(block.layer[1].EncDecAttention, p).weight for p in ATTENTION_PROJECTIONS
-            }
-            for i, block in enumerate(self.lm.decoder.block)
-        }
+        return t5_cross_attention_weights(self.lm.decoder.block)
 
     # ----- checkpoints and memory ----------------------------------------------------------
 
