@@ -2,7 +2,8 @@
 
 Across runs (``correlations.csv``): one observation per run, the geometry metric measured on
 the same weights that made the forecast: ``before_*`` errors pair with the run's first probe
-(zero-shot, or epoch 0 of a fine-tuning run), ``after_*`` errors with its last. A test is one
+(zero-shot, or epoch 0 of a fine-tuning run), ``after_*`` and ``final_*`` errors with its last
+(a zero-shot run has one probed epoch, so its last is its first). A test is one
 metric × layer choice × forecast metric × group; the layer choices are every layer, ``last``
 (the last block of each model, nearest its output: the papers' choice) and ``mean`` (the mean
 over a model's blocks); the groups are ``all`` runs pooled, each ``model=<m>``, and each
@@ -38,6 +39,8 @@ CORRELATION_COLUMNS = (
 )
 #: a block of a stack: ``encoder.3``, ``decoder.0``, ``blocks.11`` (not ``embed``, not sites)
 BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
+#: forecast-metric prefix -> the probed epoch it pairs with (:func:`geometry_at`)
+PAIRED_PROBE = {"before": "before", "after": "after", "final": "after"}
 #: records that describe the probe, not the geometry
 BOOKKEEPING_METRICS = ("n_tokens",)
 
@@ -97,7 +100,7 @@ def correlations(
     wide = {when: geometry_at(study, when) for when in ("before", "after")}
     parts = []
     for forecast in study.forecast_metrics:
-        geometry = wide[forecast.split("_", 1)[0]]
+        geometry = wide[PAIRED_PROBE[forecast.split("_", 1)[0]]]
         for group, members in groups(study).items():
             rows = [r for r in members if r in geometry.index and np.isfinite(runs.at[r, forecast])]
             if not rows:

@@ -6,7 +6,8 @@ under the paths given (multirun directories, run directories, globs); :func:`loa
 each into rows of ``run × probe × epoch × layer × metric`` with the run's factors (model, data
 set, lengths, noise, task, seed and every override that varies across the runs) and its
 forecast metrics (``before_test_nmse``, ``after_test_wql``, ...: ``summary.json``'s ``before``
-and ``after`` with ``/`` written ``_``).
+and ``after`` with ``/`` written ``_``; ``final_*`` is the forecast the run ended with, ``after``
+where it trained, else ``before``, present when a grid pools zero-shot and trained models).
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     swept = _varying_overrides(overrides, set(run_table.columns))
     for key, values in swept.items():
         run_table[key] = run_table["run"].map(values)
-    forecast = sorted(c for c in run_table.columns if c.startswith(("before_", "after_")))
+    add_final_forecast(run_table)
+    forecast = sorted(c for c in run_table.columns if c.startswith(("before_", "after_", "final_")))
     records = pd.concat(frames, ignore_index=True)
     table = records.merge(run_table, on="run", how="left")
     val = pd.concat(validation, ignore_index=True) if any(len(v) for v in validation) else None
@@ -214,6 +216,17 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
         left_out=left_out,
         probe_settings=common,
     )
+
+
+def add_final_forecast(runs: pd.DataFrame) -> None:
+    """``final_<m>``: ``after_<m>`` where a run trained, else ``before_<m>``; added only when
+    some runs trained and others did not (otherwise it repeats ``before_`` or ``after_`` and
+    would only add tests to the table)."""
+    for after in [c for c in runs.columns if c.startswith("after_")]:
+        before = "before_" + after.removeprefix("after_")
+        trained = runs[after].notna()
+        if trained.any() and not trained.all() and before in runs:
+            runs["final_" + after.removeprefix("after_")] = runs[after].fillna(runs[before])
 
 
 def _common_root(runs: Iterable[Path]) -> str:

@@ -44,8 +44,9 @@ SHOWN_METRICS = (
 
 
 def primary_forecast(study: Study, name: str) -> str:
-    """``after_<name>`` when every run has it (fine-tuning), else ``before_<name>``."""
-    for when in ("after", "before"):
+    """``after_<name>`` when every run has it (fine-tuning), else ``final_<name>`` (each run's
+    last forecast: zero-shot runs' ``before``, trained runs' ``after``)."""
+    for when in ("after", "final"):
         column = f"{when}_{name}"
         if column in study.runs and study.runs[column].notna().all():
             return column

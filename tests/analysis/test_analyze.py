@@ -14,8 +14,8 @@ import pytest
 import yaml
 from scipy import stats
 
-from isoprobe.analysis.correlations import CORRELATION_COLUMNS, within_runs
-from isoprobe.analysis.study import AnalysisError, Study, load_study
+from isoprobe.analysis.correlations import CORRELATION_COLUMNS, correlations, within_runs
+from isoprobe.analysis.study import AnalysisError, Study, add_final_forecast, load_study
 from tests.conftest import ROOT, TINY_MODEL, TINY_RUN
 
 pytestmark = pytest.mark.slow
@@ -221,3 +221,38 @@ def test_a_study_experiment_ends_with_its_report(tmp_path):
     assert set(study["probe"]) == {"rank"}
     assert (sweep / "analysis" / "flow_of_ranks.png").is_file()
     assert "flow of ranks" in (sweep / "analysis" / "report.html").read_text().lower()
+
+
+def test_final_forecast_pairs_zero_shot_runs_first_epoch_and_trained_runs_last():
+    """A grid that pools zero-shot models with one trained from scratch (PatchTST in the
+    isotropy paper) correlates each run's last forecast with the geometry of those weights."""
+    zero_shot = {"a": (0.1, 3.0), "b": (0.4, 1.0), "c": (0.3, 2.0)}  # run: (cos, before nmse)
+    trained = {"d": ([0.9, 0.2], 0.5), "e": ([0.8, 0.6], 4.0)}  # run: (cos per epoch, after)
+    rows, runs = [], []
+    for run, (value, nmse) in zero_shot.items():
+        rows.append({"run": run, "epoch": 0, "value": value})
+        runs.append({"run": run, "model": "m1", "dataset": run, "before_test_nmse": nmse})
+    for run, (values, nmse) in trained.items():
+        rows += [{"run": run, "epoch": e, "value": v} for e, v in enumerate(values)]
+        runs.append({"run": run, "model": "m2", "dataset": run, "after_test_nmse": nmse})
+    table = pd.DataFrame(rows).assign(probe="isotropy", metric="cos_inter", layer="encoder.0")
+    run_table = pd.DataFrame(runs)
+    add_final_forecast(run_table)
+    assert list(run_table["final_test_nmse"]) == [3.0, 1.0, 2.0, 0.5, 4.0]
+    study = Study(
+        table, run_table, ["after_test_nmse", "before_test_nmse", "final_test_nmse"], pd.DataFrame()
+    )
+    found = correlations(study, n_boot=50, n_perm=50)
+    row = found[
+        (found["forecast_metric"] == "final_test_nmse")
+        & (found["group"] == "all")
+        & (found["layer"] == "encoder.0")
+    ].iloc[0]
+    expected = stats.spearmanr([0.1, 0.4, 0.3, 0.2, 0.6], [3.0, 1.0, 2.0, 0.5, 4.0]).statistic
+    assert row["n"] == 5 and row["spearman"] == pytest.approx(expected)
+
+
+def test_no_final_forecast_when_every_run_is_zero_shot():
+    run_table = pd.DataFrame({"run": ["a", "b"], "before_test_nmse": [1.0, 2.0]})
+    add_final_forecast(run_table)
+    assert list(run_table.columns) == ["run", "before_test_nmse"]
