@@ -162,7 +162,10 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     if task == "compress":
         return {**results, **run_compress(cfg, trainer, model, datamodule)}
     if task == "probe":
-        # the saved weights (ckpt_path) are probed and forecast, not the model config's
+        # the saved weights (ckpt_path) are probed and forecast, not the model config's; the
+        # validation pass only feeds the probes (the forecast is the test split's), so it skips
+        # forecasting, which for a sampling model costs more than the probes
+        model.forecast_on_validation = False
         trainer.validate(
             model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
         )

@@ -50,6 +50,9 @@ def test_probe_task_measures_the_loaded_model_once_without_training(tiny_config,
     assert records.global_step.eq(0).all()
     assert "after" not in results and "test/nmse" in results["before"]
     assert not (tmp_path / "checkpoints").exists()
+    # the validation pass feeds the probes and logs its loss; the forecast is the test split's
+    logged = pd.read_csv(next((tmp_path / "csv").glob("**/metrics.csv"))).columns
+    assert "val/loss" in logged and not any(c.startswith("val/nmse") for c in logged)
 
 
 def test_without_a_logger_the_run_directory_still_holds_the_records(tiny_config, tmp_path):
