@@ -161,3 +161,30 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     axes[0, 0].set_ylabel("ε-rank")
     axes[0, 0].legend(fontsize=7)
     return _save(fig, path)
+
+
+def compression(rows: pd.DataFrame, path: Path) -> Path | None:
+    """Each run's trade-off (``task=compress``): forecast error ratio against attention size
+    ratio, one line per run labelled by its model and data set, each point by its ε."""
+    if rows.empty:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (_, model, dataset), part in rows.groupby(["run", "model", "dataset"], sort=True):
+        part = part.sort_values("epsilon")
+        for ax, ratio in zip(axes, ("wql_ratio", "nmse_ratio"), strict=True):
+            label = f"{model} · {dataset}"
+            ax.plot(part["attention_size_ratio"], part[ratio], marker="o", label=label)
+            for _, point in part.iterrows():
+                ax.annotate(
+                    f"ε={point['epsilon']:g}",
+                    (point["attention_size_ratio"], point[ratio]),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+    for ax, ratio in zip(axes, ("WQL", "NMSE"), strict=True):
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("attention size, compressed / original")
+        ax.set_ylabel(f"{ratio}, compressed / original")
+        ax.legend(fontsize=8)
+    return _save(fig, path)

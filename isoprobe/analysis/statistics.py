@@ -55,20 +55,36 @@ def spearman_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def kendall_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Kendall's τ-b of matching columns of complete ``x`` and ``y`` [n, tests]: over the pairs
-    i < j, ``Σ s_x s_y / sqrt(Σ |s_x| Σ |s_y|)`` with ``s = sign(v_i - v_j)`` (tied pairs
-    count in neither sum of absolute signs), accumulated one row i at a time."""
+    """Kendall's τ-b of matching columns of complete ``x`` and ``y`` [n, tests] (``y`` may be
+    one shared column): over the pairs i < j, ``Σ s_x s_y / sqrt(U_x U_y)`` with
+    ``s = sign(v_i - v_j)`` and ``U`` the number of pairs not tied in that variable
+    (``n(n-1)/2 - Σ_ties t(t-1)/2``). The sum of sign products is accumulated one row i at a
+    time on dense ranks in float32 (exact: ranks and signs are small integers), as one matrix
+    product per row when ``y`` is shared."""
+    rx, ry = _dense_ranks(x), _dense_ranks(y)
     concordance = np.zeros(x.shape[1])
-    untied_x = np.zeros(x.shape[1])
-    untied_y = np.zeros(x.shape[1])
     for i in range(x.shape[0] - 1):
-        sx, sy = np.sign(x[i] - x[i + 1 :]), np.sign(y[i] - y[i + 1 :])
-        concordance += (sx * sy).sum(axis=0)
-        untied_x += np.abs(sx).sum(axis=0)
-        untied_y += np.abs(sy).sum(axis=0)
-    denominator = np.sqrt(untied_x * untied_y)
+        sx = np.sign(rx[i] - rx[i + 1 :])
+        sy = np.sign(ry[i] - ry[i + 1 :])
+        concordance += sy[:, 0] @ sx if ry.shape[1] == 1 else (sx * sy).sum(axis=0)
+    denominator = np.sqrt(_untied_pairs(rx) * _untied_pairs(ry))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denominator > 0, concordance / denominator, np.nan)
+
+
+def _dense_ranks(v: np.ndarray) -> np.ndarray:
+    """Per column, 0 for the smallest value, 1 for the next distinct one, ... (float32)."""
+    return (stats.rankdata(v, method="dense", axis=0) - 1).astype(np.float32)
+
+
+def _untied_pairs(ranks: np.ndarray) -> np.ndarray:
+    """Per column, the pairs whose values differ: n(n-1)/2 minus Σ over tied groups."""
+    n = ranks.shape[0]
+    tied = np.zeros(ranks.shape[1])
+    for j in range(ranks.shape[1]):
+        counts = np.bincount(ranks[:, j].astype(np.int64))
+        tied[j] = (counts * (counts - 1) / 2).sum()
+    return n * (n - 1) / 2 - tied
 
 
 def associate(

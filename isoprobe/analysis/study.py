@@ -21,14 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import yaml
+from pyarrow import csv as pa_csv
 
 log = logging.getLogger(__name__)
 #: libyaml's safe loader where PyYAML was built with it (ten times the pure-Python one)
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 PROBE_FILES = ("probe_metrics.csv", "rank_metrics.csv")
+#: a probe record's columns (what the probe callbacks write)
+RECORD = ("probe", "epoch", "global_step", "layer", "metric", "value", "note")
+_FORECAST = ("before_", "after_", "final_")
+#: what ``task=compress`` writes: one row per ε (the rank-structure paper's table 2)
+COMPRESSION_FILE = "compression.csv"
 #: study column -> where it is in a run's resolved config
 FACTORS = {
     "model": "model.name",
@@ -60,11 +68,21 @@ class Study:
     validation: pd.DataFrame
     left_out: dict[str, str] = field(default_factory=dict)
     probe_settings: dict[str, Any] = field(default_factory=dict)
+    #: runs with forecast metrics but no probe records (pretraining, compression): in
+    #: :attr:`runs` and the report's tables, not in the correlations
+    unprobed: list[str] = field(default_factory=list)
+    #: every run's ``compression.csv`` rows with the run's factors (empty when none)
+    compression: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def find_runs(paths: Sequence[str]) -> list[Path]:
     """Every run directory under ``paths`` (each a run, a multirun directory, or a glob), in
     a stable order; analysis runs are skipped."""
+    return list(_runs_with_configs(paths))
+
+
+def _runs_with_configs(paths: Sequence[str]) -> dict[Path, dict[str, Any]]:
+    """:func:`find_runs` with each run's resolved config, read once."""
     if isinstance(paths, str):
         paths = [paths]
     found: dict[Path, None] = {}
@@ -75,7 +93,8 @@ def find_runs(paths: Sequence[str]) -> list[Path]:
             elif match.is_dir():
                 for config in sorted(match.glob("**/.hydra/config.yaml")):
                     found[config.parent.parent.resolve()] = None
-    runs = [run for run in found if _config(run).get("task", {}).get("name") != "analyze"]
+    configs = {run: _config(run) for run in found}
+    runs = {run: c for run, c in configs.items() if c.get("task", {}).get("name") != "analyze"}
     if not runs:
         raise AnalysisError(
             f"no runs found under analyze.runs={list(paths)}: a run directory holds "
@@ -112,9 +131,14 @@ def _overrides(run: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     items = yaml.load(path.read_text(), Loader=SAFE_LOADER) or []
-    return dict(
-        item.split("=", 1) for item in items if "=" in item and not item.startswith("hydra")
-    )
+    pairs = (item.split("=", 1) for item in items if "=" in item)
+    return {_override_name(key): value for key, value in pairs if not key.startswith("hydra")}
+
+
+def _override_name(key: str) -> str:
+    """The column an override is shown as: ``low_rank@model.low_rank`` -> ``low_rank``,
+    ``+data.x`` -> ``data.x`` (the package and the add/force prefixes are not its name)."""
+    return key.lstrip("+~").split("@", 1)[0]
 
 
 def _forecast_metrics(run: Path) -> dict[str, float]:
@@ -139,15 +163,15 @@ def _domain(dataset: Any) -> str | None:
         return None
 
 
-def _validation(run: Path, name: str) -> pd.DataFrame:
+def _validation(run: Path, name: str) -> pd.DataFrame | None:
     """Per-epoch validation metrics a CSV logger wrote (``val/nmse`` -> ``val_nmse``)."""
     path = run / "csv" / "metrics.csv"
     if not path.is_file():
-        return pd.DataFrame()
+        return None
     frame = pd.read_csv(path)
     columns = [c for c in frame.columns if c.startswith("val/")]
     if "epoch" not in frame.columns or not columns:
-        return pd.DataFrame()
+        return None
     frame = frame[["epoch", *columns]].dropna(subset=columns, how="all")
     frame = frame.groupby("epoch", as_index=False).last()
     frame.columns = ["epoch", *(c.replace("/", "_") for c in columns)]
@@ -164,48 +188,50 @@ def _run_name(run: Path, root: Path) -> str:
 
 def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     """The study table of every run under ``paths`` (module docstring). Runs whose probe
-    settings differ are refused unless ``allow_mixed``; runs without forecast metrics or
-    probe records are left out and named in :attr:`Study.left_out`."""
-    runs = find_runs(paths)
+    settings differ are refused unless ``allow_mixed``; runs without forecast metrics are left
+    out and named in :attr:`Study.left_out`; runs without probe records (pretraining,
+    compression) are kept for the report's tables and named in :attr:`Study.unprobed`."""
+    runs = _runs_with_configs(paths)
     root = Path(_common_root(runs))
-    frames, rows, validation, left_out = [], [], [], {}
+    probe_files, rows, validation, compression, left_out = [], [], [], [], {}
+    unprobed = []
     settings: dict[str, dict[str, Any]] = {}
     overrides: dict[str, dict[str, str]] = {}
-    for run in runs:
+    for run, config in runs.items():
         name = _run_name(run, root)
-        config = _config(run)
-        records = [pd.read_csv(run / f) for f in PROBE_FILES if (run / f).is_file()]
+        records = [(name, run / f) for f in PROBE_FILES if (run / f).is_file()]
         metrics = _forecast_metrics(run)
-        if not records:
-            left_out[name] = "no probe records (probe_metrics.csv / rank_metrics.csv)"
-            continue
-        if not metrics:
+        compressed = run / COMPRESSION_FILE
+        if not metrics and not compressed.is_file():
             left_out[name] = "no forecast metrics (summary.json without before/after)"
             continue
         factors = {column: _select(config, key) for column, key in FACTORS.items()}
         factors["domain"] = _domain(factors["dataset"])
         rows.append({"run": name, **factors, **metrics})
-        settings[name] = _probe_settings(config)
         overrides[name] = _overrides(run)
-        table = pd.concat(records, ignore_index=True)
-        table.insert(0, "run", name)
-        frames.append(table)
+        if compressed.is_file():
+            compression.append(pd.read_csv(compressed).assign(run=name))
+        if not records:
+            unprobed.append(name)
+            continue
+        settings[name] = _probe_settings(config)
+        probe_files += records
         validation.append(_validation(run, name))
     if not rows:
         raise AnalysisError(
-            f"none of the {len(runs)} runs found has both probe records and forecast metrics: "
+            f"none of the {len(runs)} runs found has forecast metrics: "
             + "; ".join(f"{k}: {v}" for k, v in left_out.items())
         )
-    common = _check_probe_settings(settings, allow_mixed)
+    common = _check_probe_settings(settings, allow_mixed) if settings else {}
     run_table = pd.DataFrame(rows)
     swept = _varying_overrides(overrides, set(run_table.columns))
     for key, values in swept.items():
         run_table[key] = run_table["run"].map(values)
     add_final_forecast(run_table)
-    forecast = sorted(c for c in run_table.columns if c.startswith(("before_", "after_", "final_")))
-    records = pd.concat(frames, ignore_index=True)
-    table = records.merge(run_table, on="run", how="left")
-    val = pd.concat(validation, ignore_index=True) if any(len(v) for v in validation) else None
+    forecast = sorted(c for c in run_table.columns if c.startswith(_FORECAST))
+    table = _read_records(probe_files).merge(run_table, on="run", how="left")
+    validation = [v for v in validation if v is not None]
+    val = pd.concat(validation, ignore_index=True) if validation else None
     if val is not None:
         table = table.merge(val, on=["run", "epoch"], how="left")
     return Study(
@@ -215,7 +241,33 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
         validation=val if val is not None else pd.DataFrame(),
         left_out=left_out,
         probe_settings=common,
+        unprobed=unprobed,
+        compression=_with_factors(compression, run_table),
     )
+
+
+def _read_records(files: list[tuple[str, Path]]) -> pd.DataFrame:
+    """Every probe file (run name, path) as one frame with a leading ``run`` column, parsed by
+    pyarrow's CSV reader and joined once (a thousand runs read in about a second)."""
+    if not files:
+        return pd.DataFrame(columns=["run", *RECORD])
+    types = {"probe": pa.string(), "layer": pa.string(), "metric": pa.string(), "note": pa.string()}
+    options = pa_csv.ConvertOptions(column_types=types, strings_can_be_null=True)
+    tables = [pa_csv.read_csv(path, convert_options=options) for _, path in files]
+    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    names = np.repeat([name for name, _ in files], [t.num_rows for t in tables])
+    frame.insert(0, "run", names)
+    return frame
+
+
+def _with_factors(parts: list[pd.DataFrame], runs: pd.DataFrame) -> pd.DataFrame:
+    """Per-run rows (``compression.csv``) joined to the factors that tell the runs apart."""
+    if not parts:
+        return pd.DataFrame()
+    factors = [c for c in runs.columns if c not in ("run",) and not c.startswith(_FORECAST)]
+    varying = [c for c in factors if runs[c].astype(str).nunique() > 1]
+    keep = ["run", *[c for c in ("model", "dataset") if c not in varying], *varying]
+    return runs[keep].merge(pd.concat(parts, ignore_index=True), on="run")
 
 
 def add_final_forecast(runs: pd.DataFrame) -> None:

@@ -2,8 +2,10 @@
 
 Writes to its own run directory: ``study.csv`` / ``study.parquet`` (the tidy table),
 ``correlations.csv`` (across runs), ``within_run.csv`` and ``within_run_summary.csv`` (over
-epochs, fine-tuning runs), the figures, and ``report.html``; when W&B is online, the same table
-and figures go to one W&B run (``job_type=analysis``) grouped with the sweep.
+epochs, fine-tuning runs), ``forecast_by_setting.csv`` (runs that differ in seed) and
+``compression.csv`` (``task=compress`` runs), the figures, and ``report.html``; when W&B is
+online, the same table and figures go to one W&B run (``job_type=analysis``) grouped with the
+sweep.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.analysis import figures
 from isoprobe.analysis.correlations import (
+    CORRELATION_COLUMNS,
     correlations,
     groups,
     summarise_within_runs,
@@ -27,6 +30,7 @@ from isoprobe.analysis.correlations import (
 from isoprobe.analysis.report import write_report
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
+from isoprobe.analysis.tables import forecast_by_setting
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,8 @@ SHOWN_METRICS = (
 
 def primary_forecast(study: Study, name: str) -> str:
     """``after_<name>`` when every run has it (fine-tuning), else ``final_<name>`` (each run's
-    last forecast: zero-shot runs' ``before``, trained runs' ``after``)."""
-    for when in ("after", "final"):
+    last forecast where zero-shot and trained runs are pooled), else ``before_<name>``."""
+    for when in ("after", "final", "before"):
         column = f"{when}_{name}"
         if column in study.runs and study.runs[column].notna().all():
             return column
@@ -73,22 +77,59 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
     study = load_study(runs, allow_mixed=bool(options.allow_mixed))
     study.table.to_csv(output / "study.csv", index=False)
     study.table.to_parquet(output / "study.parquet", index=False)
-    table = correlations(
-        study, n_boot=int(options.n_boot), n_perm=int(options.n_perm), seed=int(options.seed)
-    )
+    written = ["study.csv"]
+    drawn: list[tuple[Path, str]] = []
+    table = pd.DataFrame(columns=list(CORRELATION_COLUMNS))
+    summary = pd.DataFrame()
+    forecast = None
+    if not study.table.empty:
+        table = correlations(
+            study, n_boot=int(options.n_boot), n_perm=int(options.n_perm), seed=int(options.seed)
+        )
+        within = within_runs(study)
+        within.to_csv(output / "within_run.csv", index=False)
+        summary = summarise_within_runs(within)
+        summary.to_csv(output / "within_run_summary.csv", index=False)
+        forecast = primary_forecast(study, str(options.forecast_metric))
+        drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
+        written += ["correlations.csv", "within_run_summary.csv"]
     table.to_csv(output / "correlations.csv", index=False)
-    within = within_runs(study)
-    within.to_csv(output / "within_run.csv", index=False)
-    summary = summarise_within_runs(within)
-    summary.to_csv(output / "within_run_summary.csv", index=False)
-    forecast = primary_forecast(study, str(options.forecast_metric))
-    drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
-    report = _report(study, table, summary, forecast, drawn, output)
+    extra = _compared_by_forecast(study, output)
+    drawn += extra.pop("figures")
+    written += list(extra)
+    report = _report(study, table, summary, forecast, drawn, extra, output)
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
-    for name in ("study.csv", "correlations.csv", "within_run_summary.csv", report.name):
+    for name in (*written, report.name):
         print(f"  {output / name}")
     return {"task": "analyze", "runs": len(study.runs), "left_out": study.left_out}
+
+
+def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
+    """The tables of runs compared by their forecasts alone, each also a CSV: the forecast
+    by setting over seeds, and the compression rows (with their figure)."""
+    found: dict[str, Any] = {"figures": []}
+    by_setting = forecast_by_setting(study)
+    if not by_setting.empty:
+        by_setting.to_csv(output / "forecast_by_setting.csv", index=False)
+        found["forecast_by_setting.csv"] = (
+            "Forecast metrics by setting: mean and sd over seeds",
+            by_setting,
+        )
+    if not study.compression.empty:
+        study.compression.to_csv(output / "compression.csv", index=False)
+        found["compression.csv"] = (
+            "Compression by truncated SVD at each ε: ratios compressed / original "
+            "(rank-structure paper, table 2)",
+            study.compression,
+        )
+        found["figures"].append(
+            (
+                figures.compression(study.compression, output / "compression.png"),
+                "Compression: forecast error ratio against attention size ratio, per run",
+            )
+        )
+    return found
 
 
 def _figures(
@@ -125,16 +166,50 @@ def _report(
     study: Study,
     table: pd.DataFrame,
     within: pd.DataFrame,
-    forecast: str,
+    forecast: str | None,
     drawn: list[tuple[Path, str]],
+    extra: dict[str, tuple[str, pd.DataFrame]],
     output: Path,
 ) -> Path:
+    paragraphs = [
+        f"<p>{len(study.runs)} runs analysed: models {sorted(study.runs['model'].unique())}, "
+        f"data sets {sorted(study.runs['dataset'].unique())}."
+        + (
+            f" Primary forecast metric: <b>{html.escape(forecast)}</b> (lower is better).</p>"
+            if forecast
+            else " No run has probe records, so there are no correlations: the tables below "
+            "compare the runs by their forecasts.</p>"
+        )
+    ]
+    if forecast:
+        paragraphs += _reading_correlations(study, table)
+    if study.unprobed and forecast:
+        paragraphs.append(
+            f"<p>{len(study.unprobed)} runs without probe records are in the tables, not in "
+            f"the correlations: {html.escape(', '.join(study.unprobed))}.</p>"
+        )
+    if study.left_out:
+        listed = "".join(
+            f"<li>{html.escape(run)}: {html.escape(why)}</li>"
+            for run, why in study.left_out.items()
+        )
+        paragraphs.append(f"<p>{len(study.left_out)} runs left out:</p><ul>{listed}</ul>")
+    tables = list(extra.values())
+    if forecast:
+        top = table[table["forecast_metric"] == forecast].sort_values("q_value").head(500)
+        tables.append(
+            (f"Correlations with {forecast} (500 lowest q-values; all in correlations.csv)", top)
+        )
+    tables.append(("Runs", study.runs))
+    if not within.empty:
+        tables.append(("Within runs: trajectory against validation error", within))
+    return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+
+
+def _reading_correlations(study: Study, table: pd.DataFrame) -> list[str]:
     tested = table["spearman"].notna().sum()
     small = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
     paragraphs = [
-        f"<p>{len(study.runs)} runs analysed: models {sorted(study.runs['model'].unique())}, "
-        f"data sets {sorted(study.runs['dataset'].unique())}. Primary forecast metric: "
-        f"<b>{html.escape(forecast)}</b> (lower is better).</p>",
         "<p class='note'>How to read ρ: Spearman's rank correlation across runs between a "
         "geometry metric (measured on the weights that made the forecast) and the forecast "
         "error. ρ &gt; 0: runs with a larger value forecast worse. The interval is a 95% "
@@ -144,26 +219,13 @@ def _report(
         "<code>q_value</code>, not <code>p_value</code>, and treat a pattern found by "
         "scanning the table as a hypothesis to test on new runs.</p>",
     ]
-    if study.left_out:
-        listed = "".join(
-            f"<li>{html.escape(run)}: {html.escape(why)}</li>"
-            for run, why in study.left_out.items()
-        )
-        paragraphs.append(f"<p>{len(study.left_out)} runs left out:</p><ul>{listed}</ul>")
     if small:
         paragraphs.append(
             f"<p>No ρ for groups with fewer than {MIN_RUNS} runs: "
             f"{html.escape(', '.join(small))} (a rank correlation of so few points can take "
             "only a handful of values).</p>"
         )
-    top = table[table["forecast_metric"] == forecast].sort_values("q_value").head(500)
-    tables = [
-        (f"Correlations with {forecast} (500 lowest q-values; all in correlations.csv)", top),
-        ("Runs", study.runs),
-    ]
-    if not within.empty:
-        tables.append(("Within runs: trajectory against validation error", within))
-    return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+    return paragraphs
 
 
 def _publish_wandb(cfg: DictConfig, table: pd.DataFrame, drawn: list[tuple[Path, str]]) -> None:

@@ -256,3 +256,65 @@ def test_no_final_forecast_when_every_run_is_zero_shot():
     run_table = pd.DataFrame({"run": ["a", "b"], "before_test_nmse": [1.0, 2.0]})
     add_final_forecast(run_table)
     assert list(run_table.columns) == ["run", "before_test_nmse"]
+
+
+def fake_run(
+    directory: Path, overrides: list[str], summary: dict, seed: int = 0, compression=None
+) -> Path:
+    """A run directory as run.py leaves it, without probe records (pretraining, compression)."""
+    (directory / ".hydra").mkdir(parents=True)
+    config = {
+        "seed": seed,
+        "task": {"name": "pretrain"},
+        "model": {"name": "chronos"},
+        "data": {"dataset": "kernelsynth/mixed"},
+    }
+    (directory / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (directory / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (directory / "summary.json").write_text(json.dumps(summary))
+    if compression is not None:
+        pd.DataFrame(compression).to_csv(directory / "compression.csv", index=False)
+    return directory
+
+
+def test_runs_compared_by_forecast_alone_give_mean_and_sd_over_seeds(tmp_path):
+    wql = {("dense", 0): 0.30, ("dense", 1): 0.34, ("flow", 0): 0.20, ("flow", 1): 0.26}
+    for i, ((schedule, seed), value) in enumerate(wql.items()):
+        fake_run(
+            tmp_path / "sweep" / str(i),
+            [f"low_rank@model.low_rank={schedule}", f"seed={seed}"],
+            {"after": {"test/wql": value}},
+            seed=seed,
+        )
+    out = tmp_path / "analysis"
+    run("task=analyze", f"analyze.runs={tmp_path / 'sweep'}", f"hydra.run.dir={out}", cwd=tmp_path)
+    table = pd.read_csv(out / "forecast_by_setting.csv").set_index("low_rank")
+    assert table.loc["flow", "runs"] == 2
+    assert table.loc["flow", "after_test_wql_mean"] == pytest.approx(0.23)
+    assert table.loc["dense", "after_test_wql_sd"] == pytest.approx(np.std([0.30, 0.34], ddof=1))
+    page = (out / "report.html").read_text()
+    assert "no correlations" in page and "mean and sd over seeds" in page
+
+
+def test_compression_rows_of_every_run_are_gathered_with_the_run_factors(tmp_path):
+    rows = {"chronos": [0.9, 0.5], "moirai": [0.8, 0.4]}
+    for model, sizes in rows.items():
+        directory = fake_run(
+            tmp_path / "sweep" / model,
+            [f"model={model}"],
+            {"task": "compress"},
+            compression={
+                "epsilon": [0.01, 0.1],
+                "attention_size_ratio": sizes,
+                "wql_ratio": [1.0, 1.1],
+                "nmse_ratio": [1.0, 1.2],
+            },
+        )
+        config = yaml.safe_load((directory / ".hydra" / "config.yaml").read_text())
+        config["model"]["name"] = model
+        (directory / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    study = load_study([str(tmp_path / "sweep")])
+    assert study.unprobed == ["chronos", "moirai"] and not study.left_out
+    table = study.compression.set_index(["model", "epsilon"])
+    for model, sizes in rows.items():
+        assert list(table.loc[model, "attention_size_ratio"]) == sizes

@@ -1,0 +1,43 @@
+"""The papers' experiments as configs: every sweep value composes, and each ends with analysis."""
+
+from __future__ import annotations
+
+import pytest
+
+from isoprobe.models.compression import flow_of_ranks_schedule
+from tests.conftest import CONFIG_DIR, compose_config
+
+STUDIES = sorted(
+    str(p.relative_to(CONFIG_DIR / "experiment").with_suffix(""))
+    for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
+)
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(tmp_path, study):
+    cfg = compose_config(tmp_path, [f"experiment={study}"])
+    assert cfg.hydra.callbacks.analyze._target_ == "isoprobe.tasks.sweep_analysis.AnalyzeSweep"
+    params = cfg.hydra.sweeper.params
+    assert params, f"{study} sweeps nothing"
+    for key, values in params.items():
+        for value in str(values).split(","):
+            composed = compose_config(tmp_path, [f"experiment={study}", f"{key}={value}"])
+            if key == "model":
+                assert composed.model.name == value.removesuffix("_from_scratch")
+
+
+def test_patchtst_from_scratch_trains_inside_a_zero_shot_grid(tmp_path):
+    cfg = compose_config(tmp_path, ["experiment=isotropy/real_grid", "model=patchtst_from_scratch"])
+    assert cfg.task.name == "finetune" and cfg.model.checkpoint == "scratch"
+    assert compose_config(tmp_path, ["experiment=isotropy/real_grid"]).task.name == "probe"
+
+
+def test_the_constant_rank_arm_has_the_flow_arms_attention_size_on_the_mini(tmp_path):
+    cfg = compose_config(tmp_path, ["experiment=rank/low_rank_pretraining"])
+    layers = cfg.model.scratch_t5.num_layers
+    half = cfg.model.scratch_t5.num_heads * cfg.model.scratch_t5.d_kv // 2
+    flow = flow_of_ranks_schedule(layers, cfg.model.low_rank.r_first, half, 0.5)
+    constant = compose_config(
+        tmp_path, ["experiment=rank/low_rank_pretraining", "low_rank@model.low_rank=constant"]
+    ).model.low_rank
+    assert constant.r_first == constant.r_last == round(sum(flow) / len(flow))
