@@ -62,7 +62,9 @@ def season_length_of(freq: str) -> int:
     return period // offset.n if period % offset.n == 0 else 1
 
 
-@register_dataset("local", context_length=64, prediction_length=16, offline=True, domain="local")
+@register_dataset(
+    "local", context_length=64, prediction_length=16, offline=True, domain="local", memo=False
+)
 def load_local(
     path: str,
     format: str = "auto",

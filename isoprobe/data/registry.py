@@ -7,6 +7,7 @@ means the same thing everywhere and an unknown name fails with the list of known
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -36,9 +37,14 @@ class DatasetSpec:
     prediction_length: int
     offline: bool
     domain: str
+    #: keep what the loader returned for the rest of the process (the jobs of one sweep load
+    #: each data set once); false where the source can change under the process (a user's file)
+    memo: bool = True
 
 
 _REGISTRY: dict[str, DatasetSpec] = {}
+#: (name, arguments) -> the collection loaded, for data sets registered with ``memo``
+_LOADED: dict[tuple[str, tuple[tuple[str, str], ...]], SeriesCollection] = {}
 
 
 class UnknownDatasetError(KeyError):
@@ -55,6 +61,7 @@ def register_dataset(
     prediction_length: int,
     offline: bool,
     domain: str,
+    memo: bool = True,
 ) -> Callable[[Callable[..., SeriesCollection]], Callable[..., SeriesCollection]]:
     """Decorator registering ``loader`` under ``name``."""
 
@@ -62,7 +69,7 @@ def register_dataset(
         if name in _REGISTRY:
             raise ValueError(f"data set {name!r} is registered twice")
         _REGISTRY[name] = DatasetSpec(
-            name, loader, context_length, prediction_length, offline, domain
+            name, loader, context_length, prediction_length, offline, domain, memo
         )
         return loader
 
@@ -87,5 +94,13 @@ def available_datasets(*, offline_only: bool = False) -> list[str]:
 
 
 def load_series(name: str, **kwargs) -> SeriesCollection:
-    """Load the data set registered under ``name``."""
-    return dataset_spec(name).loader(**kwargs)
+    """Load the data set registered under ``name``: once per process and arguments where it
+    is registered with ``memo`` (a sweep's jobs run in one process; some package data sets
+    take seconds to parse), each call getting its own copy to change."""
+    spec = dataset_spec(name)
+    if not spec.memo:
+        return spec.loader(**kwargs)
+    key = (name, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    if key not in _LOADED:
+        _LOADED[key] = spec.loader(**kwargs)
+    return copy.deepcopy(_LOADED[key])

@@ -205,3 +205,28 @@ def test_noise_that_makes_values_infinite_is_refused_by_name():
         module(
             [np.linspace(-1e300, 1e300, 30)], noise_std=1e300, context_length=5, prediction_length=3
         )
+
+
+def test_a_sweep_loads_each_data_set_once_and_each_job_gets_its_own_copy(monkeypatch):
+    from isoprobe.data import registry
+
+    calls = []
+
+    def loader(scale: float = 1.0):
+        calls.append(scale)
+        series = [np.arange(5.0) * scale]
+        return registry.SeriesCollection("counting", series, "D", 7, "test", "none")
+
+    spec = registry.DatasetSpec("counting", loader, 4, 1, True, "test")
+    monkeypatch.setitem(registry._REGISTRY, "counting", spec)
+    monkeypatch.setattr(registry, "_LOADED", {})
+    first = registry.load_series("counting")
+    first.series[0][:] = -1.0  # a job changing its copy (imputing, adding noise in place)
+    again = registry.load_series("counting")
+    np.testing.assert_array_equal(again.series[0], np.arange(5.0))
+    registry.load_series("counting", scale=2.0)
+    assert calls == [1.0, 2.0]
+    unmemoised = registry.DatasetSpec("counting", loader, 4, 1, True, "test", memo=False)
+    monkeypatch.setitem(registry._REGISTRY, "counting", unmemoised)
+    registry.load_series("counting")
+    assert calls == [1.0, 2.0, 1.0]
