@@ -1,0 +1,156 @@
+"""Label-free model selection: does ranking candidates by a geometry metric, measured on
+unlabelled windows, recover their ranking by forecast error?
+
+A *selection task* is a set of candidates that a user would choose among: the models (runs) on
+one data set, ranked by their test error, or one fine-tuning run's epochs, ranked by their
+validation error. For each metric × layer choice (``last``, ``mean``) and each task:
+
+- the direction: whether a larger value should mean a worse or a better candidate. It is not
+  taken from the task's own errors (that would use the labels being predicted) but from the
+  *other* tasks: the sign of the mean Spearman ρ between the metric and the error over them
+  (leave one task out). With no other task there is no direction and no prediction;
+- ``spearman``: Spearman's ρ between the predicted order (direction × value) and the true
+  error: 1 when the metric orders the candidates exactly as their errors do;
+- ``top1``: 1 when the candidate the metric predicts best has the lowest error.
+
+Baselines in the same table: ``random`` (ρ 0 and top-1 1/k for k candidates, in expectation)
+and, where a CSV logger wrote it, ``val_loss`` at the same epoch (a labelled baseline that
+needs no learned direction: lower is predicted better).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from isoprobe.analysis.correlations import BOOKKEEPING_METRICS, PAIRED_PROBE, geometry_at
+from isoprobe.analysis.study import Study
+
+#: fewer candidates than this make no selection task
+MIN_CANDIDATES = 3
+SUMMARY_COLUMNS = ("selection", "probe", "metric", "layer", "tasks", "spearman", "top1")
+
+
+def _rank_agreement(
+    values: pd.DataFrame, error: pd.Series, task: pd.Series, learn_direction: bool
+) -> pd.DataFrame:
+    """Per task × column of ``values`` (candidates × predictors): the direction, ρ between the
+    predicted order and ``error``, and top-1 agreement (module docstring)."""
+    rho = {}
+    for name, members in task.groupby(task).groups.items():
+        if len(members) >= MIN_CANDIDATES:
+            rho[name] = values.loc[members].corrwith(error.loc[members], method="spearman")
+    if not rho:
+        return pd.DataFrame()
+    rho = pd.DataFrame(rho).T  # tasks × predictors
+    rows = []
+    for name in rho.index:
+        if learn_direction:
+            direction = np.sign(rho.drop(index=name).mean(skipna=True))
+        else:
+            direction = pd.Series(1.0, index=rho.columns)
+        direction = direction.replace(0.0, np.nan)  # the other tasks disagree: no prediction
+        members = task.index[task == name]
+        predicted = values.loc[members] * direction
+        truth_best = error.loc[members].idxmin()
+        for column in rho.columns:
+            chosen = predicted[column].dropna()
+            rows.append(
+                {
+                    "task": name,
+                    "predictor": column,
+                    "candidates": len(members),
+                    "direction": direction[column],
+                    "spearman": rho.at[name, column] * direction[column],
+                    "top1": float(chosen.idxmin() == truth_best) if len(chosen) else np.nan,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _summarise(agreement: pd.DataFrame, selection: str, random: bool = True) -> pd.DataFrame:
+    """Per predictor over the tasks: how many, the mean ρ and the top-1 rate; with the random
+    baseline's expectations (ρ 0, top-1 the mean of 1/k) when ``random``."""
+    if agreement.empty:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    grouped = agreement.dropna(subset=["spearman"]).groupby("predictor")
+    summary = grouped.agg(
+        tasks=("task", "nunique"), spearman=("spearman", "mean"), top1=("top1", "mean")
+    ).reset_index()
+    keys = pd.DataFrame(summary.pop("predictor").tolist(), columns=["probe", "metric", "layer"])
+    summary = pd.concat([keys, summary], axis=1)
+    if random:
+        tasks = agreement.drop_duplicates("task")
+        expected = {
+            "probe": "baseline",
+            "metric": "random",
+            "layer": "",
+            "tasks": len(tasks),
+            "spearman": 0.0,
+            "top1": float((1.0 / tasks["candidates"]).mean()),
+        }
+        summary = pd.concat([summary, pd.DataFrame([expected])], ignore_index=True)
+    summary.insert(0, "selection", selection)
+    return summary[list(SUMMARY_COLUMNS)]
+
+
+def _geometry_predictors(wide: pd.DataFrame) -> pd.DataFrame:
+    keep = [c for c in wide.columns if c[2] in ("last", "mean")]
+    return wide[keep]
+
+
+def models_on_a_data_set(study: Study, forecast: str) -> pd.DataFrame:
+    """Selection among the runs on each data set, by their ``forecast`` error."""
+    runs = study.runs.set_index("run")
+    geometry = _geometry_predictors(geometry_at(study, PAIRED_PROBE[forecast.split("_", 1)[0]]))
+    members = geometry.index[runs.loc[geometry.index, forecast].notna()]
+    if len(members) < MIN_CANDIDATES:
+        return _summarise(pd.DataFrame(), "models on a data set")
+    error = runs.loc[members, forecast]
+    task = runs.loc[members, "dataset"].astype(str)
+    selection = f"models on a data set, by {forecast}"
+    parts = [_summarise(_rank_agreement(geometry.loc[members], error, task, True), selection)]
+    validation = _validation_at(study, forecast, members)
+    if validation is not None:
+        baseline = _rank_agreement(validation, error, task, learn_direction=False)
+        parts.append(_summarise(baseline, selection, random=False))
+    return _ordered(pd.concat(parts, ignore_index=True))
+
+
+def _ordered(summary: pd.DataFrame) -> pd.DataFrame:
+    return summary.sort_values("spearman", ascending=False).reset_index(drop=True)
+
+
+def _validation_at(study: Study, forecast: str, members: pd.Index) -> pd.DataFrame | None:
+    """``val_loss`` of each run at the epoch its geometry was measured, where logged."""
+    if study.validation.empty or "val_loss" not in study.validation:
+        return None
+    when = PAIRED_PROBE[forecast.split("_", 1)[0]]
+    val = study.validation.dropna(subset=["val_loss"])
+    pick = val.groupby("run")["epoch"].transform("min" if when == "before" else "max")
+    at = val[val["epoch"] == pick].set_index("run")["val_loss"]
+    at = at.reindex(members)
+    if at.isna().all():
+        return None
+    return pd.DataFrame({("baseline", "val_loss", ""): at})
+
+
+def epochs_of_a_run(study: Study, validation_metric: str = "val_nmse") -> pd.DataFrame:
+    """Selection among each fine-tuning run's probed epochs, by ``validation_metric``."""
+    table = study.table
+    if validation_metric not in table:
+        return _summarise(pd.DataFrame(), "epochs of a run")
+    table = table[~table["metric"].isin(BOOKKEEPING_METRICS)].dropna(subset=[validation_metric])
+    per_epoch = []
+    for epoch, part in table.groupby("epoch"):
+        snapshot = Study(part, study.runs, study.forecast_metrics, pd.DataFrame())
+        wide = _geometry_predictors(geometry_at(snapshot, "before"))
+        wide.index = pd.MultiIndex.from_arrays([wide.index, [epoch] * len(wide)])
+        per_epoch.append(wide)
+    if not per_epoch:
+        return _summarise(pd.DataFrame(), "epochs of a run")
+    values = pd.concat(per_epoch).sort_index()
+    error = table.groupby(["run", "epoch"])[validation_metric].first().reindex(values.index)
+    candidates = pd.Series(values.index.get_level_values(0), index=values.index)
+    found = _rank_agreement(values, error, candidates, learn_direction=True)
+    return _ordered(_summarise(found, f"epochs of a run, by {validation_metric}"))
