@@ -3,7 +3,8 @@
 Writes to its own run directory: ``study.csv`` / ``study.parquet`` (the tidy table),
 ``correlations.csv`` (across runs), ``within_run.csv`` and ``within_run_summary.csv`` (over
 epochs, fine-tuning runs), ``forecast_by_setting.csv`` (runs that differ in seed) and
-``compression.csv`` (``task=compress`` runs), the figures, and ``report.html``; when W&B is
+``compression.csv`` (``task=compress`` runs), ``selection.csv`` (label-free model selection,
+:mod:`isoprobe.analysis.selection`), the figures, and ``report.html``; when W&B is
 online, the same table and figures go to one W&B run (``job_type=analysis``) grouped with the
 sweep.
 """
@@ -28,6 +29,7 @@ from isoprobe.analysis.correlations import (
     within_runs,
 )
 from isoprobe.analysis.report import write_report
+from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting
@@ -80,7 +82,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
     written = ["study.csv"]
     drawn: list[tuple[Path, str]] = []
     table = pd.DataFrame(columns=list(CORRELATION_COLUMNS))
-    summary = pd.DataFrame()
+    summary = selection = pd.DataFrame()
     forecast = None
     if not study.table.empty:
         table = correlations(
@@ -92,11 +94,22 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
         summary.to_csv(output / "within_run_summary.csv", index=False)
         forecast = primary_forecast(study, str(options.forecast_metric))
         drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
-        written += ["correlations.csv", "within_run_summary.csv"]
+        selection = pd.concat(
+            [models_on_a_data_set(study, forecast), epochs_of_a_run(study)], ignore_index=True
+        )
+        selection.to_csv(output / "selection.csv", index=False)
+        written += ["correlations.csv", "within_run_summary.csv", "selection.csv"]
     table.to_csv(output / "correlations.csv", index=False)
     extra = _compared_by_forecast(study, output)
     drawn += extra.pop("figures")
     written += list(extra)
+    if not selection.empty:
+        extra["selection.csv"] = (
+            "Label-free selection: ranking the candidates (models on a data set; a run's "
+            "epochs) by each metric against their ranking by error (mean ρ and top-1 rate over "
+            "the tasks; a metric's direction is learned on the other tasks)",
+            selection,
+        )
     report = _report(study, table, summary, forecast, drawn, extra, output)
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
