@@ -165,6 +165,9 @@ class ForecastModule(L.LightningModule, ABC):
         self.forecast_on_validation = forecast_on_validation
         self.val_metrics = ForecastMetrics(self.quantile_levels, self.season_length)
         self.test_metrics = ForecastMetrics(self.quantile_levels, self.season_length)
+        #: an :class:`~isoprobe.models.regularizer.IsotropyRegularizer` the run attaches
+        #: (``regularizer=isotropy``), or None
+        self.regularizer = None
 
     @abstractmethod
     def loss(self, batch: Batch) -> Tensor:
@@ -240,9 +243,19 @@ class ForecastModule(L.LightningModule, ABC):
         self.loss(batch)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["context"].shape[0])
-        return loss
+        """The loss (logged ``train/loss``), plus λ·R when an isotropy regulariser is attached
+        (:mod:`isoprobe.models.regularizer`; R logged ``train/reg``)."""
+        size = batch["context"].shape[0]
+        regularizer = self.regularizer
+        if regularizer is None:
+            loss = self.loss(batch)
+        else:
+            with regularizer.capture(self) as captured:
+                loss = self.loss(batch)
+            penalty = regularizer(self, batch, captured)
+            self.log("train/reg", penalty, prog_bar=True, batch_size=size)
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        return loss if regularizer is None else loss + regularizer.weight * penalty
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         loss = self.loss(batch)

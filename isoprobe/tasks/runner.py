@@ -24,6 +24,7 @@ from isoprobe.models.compression import (
     export_compressed,
     low_rank_attention,
 )
+from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import compress_settings, run_compress
 from isoprobe.tasks.loggers import (
@@ -111,6 +112,11 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     datamodule.prepare_data()
     datamodule.setup("fit")
     model = build_model(cfg.model, datamodule)
+    model.regularizer = IsotropyRegularizer.from_config(
+        OmegaConf.to_container(cfg.regularizer, resolve=True) if cfg.get("regularizer") else None
+    )
+    if model.regularizer is not None:
+        model.regularizer.layer_names(model)  # a layer the model lacks fails before training
     identity = check_resume_checkpoint(cfg.get("ckpt_path"), model)
     data = data_identity(datamodule)
     if cfg.task.name != "probe":  # probing saved weights on other data is a use, not a slip
