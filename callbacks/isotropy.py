@@ -93,12 +93,13 @@ class IsotropyProbe(Probe):
         rows: list[Row] = []
         clouds: dict[str, PointCloud] = {}
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
-        previous: Tokens | None = None
+        previous: tuple[str, Tokens | None] = ("", None)
         for layer, X in tqdm(
             tokens.items(), desc=f"isotropy probe, epoch {epoch}", leave=False, disable=not show
         ):
+            before = previous[1] if _same_tokens(previous[0], layer) else None
             values, measured, clusters = self._measure_layer(
-                layer, X, epoch, previous, layer in pca_layers
+                layer, X, epoch, before, layer in pca_layers
             )
             if clusters is not None:
                 clouds[layer] = PointCloud(
@@ -107,7 +108,7 @@ class IsotropyProbe(Probe):
             rows += [Row(layer, metric, value, note) for metric, (value, note) in values.items()]
             if measured is not None:
                 measured.previous = None  # only the layer just before stays in memory
-            previous = measured
+            previous = (layer, measured)
         return Measurement(rows, _Clouds(clouds))
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
@@ -161,3 +162,15 @@ class IsotropyProbe(Probe):
         ordered = {TOKENS_METRIC: (float(X.shape[0]), "")}
         ordered.update((m, (value, "")) for m, value in values.items())
         return ordered, measured, clusters
+
+
+def _same_tokens(previous: str, layer: str) -> bool:
+    """Whether ``layer`` has the tokens of the layer probed before it, row for row: two layers of
+    one stack (``encoder.2``, ``encoder.3.attn``), or ``embed`` and the stack's first layer (the
+    layers of a stack share their mask, hence their subsample). ``decoder.0`` after the last
+    encoder layer reads other positions."""
+    return previous == "embed" or (bool(previous) and _stack(previous) == _stack(layer))
+
+
+def _stack(layer: str) -> str:
+    return layer.split(".", 1)[0]

@@ -87,10 +87,10 @@ class Tokens:
     Attributes:
         X: the tokens [N, D], validated float64 (a ValueError names what is wrong).
         cfg: the probe's :class:`ProbeMetricsConfig` (which measures run, their parameters).
-        previous: the :class:`Tokens` of the layer the probe measured just before this one (its
-            rows are the same positions of the same windows while the two layers keep as many
-            tokens), for a measure across consecutive layers; None for the first layer, after a
-            layer that could not be measured, and outside the probe.
+        previous: the :class:`Tokens` of the layer the probe measured just before this one in
+            the same stack (``embed`` before a stack's first layer), whose rows are the same
+            tokens, for a measure across consecutive layers; None for a stack's first layer,
+            after a layer that could not be measured, and outside the probe.
 
     X is centred once; the feature Gram matrix C^T C of the centred rows C plus N·mean·meanᵀ is
     the X^T X whose eigendecomposition gives the partition ratio's candidates and, by a rank-one
