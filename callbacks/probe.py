@@ -13,7 +13,8 @@ epoch. :class:`Probe` owns everything else, once for all probes:
   tokens (the union of their layers in one forward pass), then freed: the
   :class:`~isoprobe.callbacks.sharing.SharedCollection` every probe of the Trainer holds;
 - following: a probe with ``follow=<name>`` takes the probe set and schedule of the probe of
-  that name when it is in the Trainer (:data:`FOLLOWED_SETTINGS`), so the two share each pass;
+  that name when it is in the Trainer (:func:`~isoprobe.callbacks.sharing.followed_settings`),
+  so the two share each pass;
 - records (``probe, epoch, global_step, layer, metric, value, note``), their CSV file, the
   end-of-fit trajectory plot, and publishing to every logger under the probe's ``log_prefix``
   (W&B: plotted against ``<prefix>/epoch``, a table per epoch, media the probe adds);
@@ -36,7 +37,13 @@ from isoprobe.callbacks.collect import WINDOW_SELECTIONS, probe_window_indices
 from isoprobe.callbacks.plots import save_trajectories
 from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
 from isoprobe.callbacks.records import keep_foreign_file, make_record, write_records
-from isoprobe.callbacks.sharing import SharedCollection, TokenRequest, val_dataset
+from isoprobe.callbacks.sharing import (
+    FOLLOWED,
+    SharedCollection,
+    TokenRequest,
+    followed_settings,
+    val_dataset,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
@@ -47,19 +54,6 @@ from typing_extensions import override
 from isoprobe.models.base import check_probe_site
 
 TOKEN_CHOICES = ("real", "all")
-#: what a probe takes from the probe it follows: its probe set (so both read one pass) and its
-#: schedule (so they probe at the same times)
-FOLLOWED_SETTINGS = (
-    "every_n_epochs",
-    "num_windows",
-    "window_selection",
-    "max_tokens",
-    "site",
-    "tokens",
-    "layers",
-    "batch_size",
-    "figures_every_n_epochs",
-)
 
 
 @dataclass(frozen=True)
@@ -105,11 +99,13 @@ class Probe(Callback, ABC):
             when n > 0 (1: every probe). A picture takes a tenth to a third of a second to
             draw, more than the rest of a small model's probe; the values are in the CSV and
             the loggers at every probe either way.
-        follow: the name of another probe whose :data:`FOLLOWED_SETTINGS` this one takes when
-            that probe is in the Trainer (its own apply when it is not); a followed setting
-            given here other than its default is refused then, as it would be ignored.
+        follow: the name of another probe whose probe set and schedule (the
+            :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings) this one takes when that
+            probe is in the Trainer (its own apply when it is not); a followed setting given
+            here other than its default is refused then, as it would be ignored.
 
     Attributes:
+        own_settings: the :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings as given.
         collection: the :class:`~isoprobe.callbacks.sharing.SharedCollection` of the Trainer
             this probe was set up in (None before setup).
     """
@@ -181,7 +177,7 @@ class Probe(Callback, ABC):
         if follow == name:
             raise ValueError(f"probe {name!r} cannot follow itself")
         self.follow = follow
-        self._own_settings = {key: getattr(self, key) for key in FOLLOWED_SETTINGS}
+        self.own_settings = {key: getattr(self, key) for key in FOLLOWED}
         self.collection: SharedCollection | None = None
 
         self._records: list[dict[str, Any]] = []
@@ -263,7 +259,10 @@ class Probe(Callback, ABC):
         self._dir = Path(root)
         self._csv_checked = False
         probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
-        self._take_settings(probes)
+        defaults = inspect.signature(Probe.__init__).parameters
+        settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})
+        for key, value in settings.items():
+            setattr(self, key, list(value) if isinstance(value, list) else value)
         self.collection = SharedCollection.join(trainer, probes)
         self.probed_layers(pl_module)  # an unknown layer name fails before training starts
 
@@ -373,28 +372,6 @@ class Probe(Callback, ABC):
                 f"{list(available)}. Set callbacks.{self.name}.layers to some of them (or null)."
             )
         return {layer: available[layer] for layer in self.layers}
-
-    def _take_settings(self, probes: list[Probe]) -> None:
-        """This probe's :data:`FOLLOWED_SETTINGS`: those of the probe it follows when that one
-        is among ``probes``, else its own."""
-        settings = dict(self._own_settings)
-        leader = next((p for p in probes if self.follow and p.name == self.follow), None)
-        if leader is not None:
-            defaults = inspect.signature(Probe.__init__).parameters
-            given = {
-                key: value
-                for key, value in settings.items()
-                if value != defaults[key].default and value != leader._own_settings[key]
-            }
-            if given:
-                raise ValueError(
-                    f"{type(self).__name__} {self.name!r} follows probe {leader.name!r}, whose "
-                    f"probe set and schedule it takes, but was given {given}: set them on "
-                    f"{leader.name!r}, or follow=null for a probe set of its own"
-                )
-            settings = dict(leader._own_settings)
-        for key, value in settings.items():
-            setattr(self, key, list(value) if isinstance(value, list) else value)
 
     def token_request(self, trainer: Trainer) -> TokenRequest:
         """This probe's collection request (choosing the probe set at the first call)."""

@@ -17,7 +17,7 @@ needs no probe of its own: it is a registered measure of the isotropy probe that
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,44 @@ from torch.utils.data import Dataset
 
 if TYPE_CHECKING:
     from isoprobe.callbacks.probe import Probe
+
+#: what a probe takes from the probe it follows: its probe set (so both read one pass) and its
+#: schedule (so they probe at the same times)
+FOLLOWED = (
+    "every_n_epochs",
+    "num_windows",
+    "window_selection",
+    "max_tokens",
+    "site",
+    "tokens",
+    "layers",
+    "batch_size",
+    "figures_every_n_epochs",
+)
+
+
+def followed_settings(
+    probe: Probe, probes: Iterable[Probe], defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``probe``'s :data:`FOLLOWED` settings in a Trainer with ``probes``: those of the probe it
+    follows (``probe.follow``) when that one is among them, else its own. A setting given to
+    ``probe`` other than its default (``defaults``) and than the followed probe's is refused,
+    since following would ignore it."""
+    leader = next((p for p in probes if probe.follow and p.name == probe.follow), None)
+    if leader is None:
+        return dict(probe.own_settings)
+    given = {
+        key: value
+        for key, value in probe.own_settings.items()
+        if value != defaults[key] and value != leader.own_settings[key]
+    }
+    if given:
+        raise ValueError(
+            f"{type(probe).__name__} {probe.name!r} follows probe {leader.name!r}, whose probe "
+            f"set and schedule it takes, but was given {given}: set them on {leader.name!r}, or "
+            "follow=null for a probe set of its own"
+        )
+    return dict(leader.own_settings)
 
 
 @dataclass(frozen=True)
