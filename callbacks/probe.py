@@ -261,7 +261,7 @@ class Probe(Callback, ABC):
         probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
         defaults = inspect.signature(Probe.__init__).parameters
         settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})
-        for key, value in settings.items():
+        for key, value in (settings or {}).items():
             setattr(self, key, list(value) if isinstance(value, list) else value)
         self.collection = SharedCollection.join(trainer, probes)
         self.probed_layers(pl_module)  # an unknown layer name fails before training starts

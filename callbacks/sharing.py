@@ -46,18 +46,19 @@ FOLLOWED = (
 
 def followed_settings(
     probe: Probe, probes: Iterable[Probe], defaults: Mapping[str, Any]
-) -> dict[str, Any]:
-    """``probe``'s :data:`FOLLOWED` settings in a Trainer with ``probes``: those of the probe it
-    follows (``probe.follow``) when that one is among them, else its own. A setting given to
+) -> dict[str, Any] | None:
+    """The :data:`FOLLOWED` settings of the probe ``probe`` follows (``probe.follow``) when that
+    one is among ``probes``; None when it is not (``probe`` keeps its own). A setting given to
     ``probe`` other than its default (``defaults``) and than the followed probe's is refused,
     since following would ignore it."""
     leader = next((p for p in probes if probe.follow and p.name == probe.follow), None)
     if leader is None:
-        return dict(probe.own_settings)
+        return None
+    settings = {key: getattr(leader, key) for key in FOLLOWED}
     given = {
         key: value
         for key, value in probe.own_settings.items()
-        if value != defaults[key] and value != leader.own_settings[key]
+        if value != defaults[key] and value != settings[key]
     }
     if given:
         raise ValueError(
@@ -65,7 +66,7 @@ def followed_settings(
             f"set and schedule it takes, but was given {given}: set them on {leader.name!r}, or "
             "follow=null for a probe set of its own"
         )
-    return dict(leader.own_settings)
+    return settings
 
 
 @dataclass(frozen=True)
