@@ -27,31 +27,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from isoprobe.metrics import (
-    ALL_METRICS,
-    ClusterCosine,
-    ProbeMetricsConfig,
-    cluster_adjusted_cosine,
-    probe_metrics,
-)
+from isoprobe.metrics import ClusterCosine, ProbeMetricsConfig, Tokens, measure_tokens
 
 CSV_NAME = "probe_metrics.csv"
 TRAJECTORY_PNG = "probe_trajectories.png"
 PCA_DIR = "pca"
 ERROR_METRIC = "error"
 TOKENS_METRIC = "n_tokens"  # rows measured (after masking and subsampling)
-_METRIC_ORDER = [key for keys in ALL_METRICS.values() for key in keys]
-
-
-def _cluster_values(clusters: ClusterCosine) -> dict[str, float]:
-    """The ``cos_cluster`` group of :func:`probe_metrics` keys from a clustering result."""
-    return {
-        "cos_cluster": float(clusters.value),
-        "cos_cluster_baseline": float(clusters.baseline),
-        "cos_cluster_excess": float(clusters.excess),
-        "n_clusters": float(clusters.k),
-        "silhouette": float(clusters.silhouette),
-    }
 
 
 @dataclasses.dataclass
@@ -65,9 +47,9 @@ class IsotropyProbe(Probe):
     """Probe isotropy, effective dimension, partition ratio and rank of every layer.
 
     Args:
-        metrics: :class:`isoprobe.metrics.ProbeMetricsConfig` fields (``metrics``, ``k_min``,
-            ``k_max``, ``min_silhouette``, ``seed``, ``ed_threshold``, ``rank_eps``);
-            ``seed`` defaults to this callback's ``seed``.
+        metrics: :class:`isoprobe.metrics.ProbeMetricsConfig` fields (``metrics``: ``all`` or
+            names of registered measures, ``k_min``, ``k_max``, ``min_silhouette``, ``seed``,
+            ``ed_threshold``, ``rank_eps``); ``seed`` defaults to this callback's ``seed``.
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
             first and last probed layer if there is no encoder layer); ``[]`` = none.
@@ -111,13 +93,22 @@ class IsotropyProbe(Probe):
         rows: list[Row] = []
         clouds: dict[str, PointCloud] = {}
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
+        previous: tuple[str, Tokens | None] = ("", None)
         for layer, X in tqdm(
             tokens.items(), desc=f"isotropy probe, epoch {epoch}", leave=False, disable=not show
         ):
-            values, cloud = self._measure_layer(layer, X, epoch, layer in pca_layers)
-            if cloud is not None:
-                clouds[layer] = cloud
+            before = previous[1] if _same_tokens(previous[0], layer) else None
+            values, measured, clusters = self._measure_layer(
+                layer, X, epoch, before, layer in pca_layers
+            )
+            if clusters is not None:
+                clouds[layer] = PointCloud(
+                    pca_coordinates(X), cluster_colours(clusters.labels), clusters.k
+                )
             rows += [Row(layer, metric, value, note) for metric, (value, note) in values.items()]
+            if measured is not None:
+                measured.previous = None  # only the layer just before stays in memory
+            previous = (layer, measured)
         return Measurement(rows, _Clouds(clouds))
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
@@ -147,28 +138,21 @@ class IsotropyProbe(Probe):
         return list(dict.fromkeys([candidates[0], candidates[-1]])) if candidates else []
 
     def _measure_layer(
-        self, layer: str, X: Tensor, epoch: int, with_cloud: bool
-    ) -> tuple[dict[str, tuple[float, str]], PointCloud | None]:
-        """metric -> (value, note) of one layer's tokens, and its point cloud if asked.
+        self, layer: str, X: Tensor, epoch: int, previous: Tokens | None, with_cloud: bool
+    ) -> tuple[dict[str, tuple[float, str]], Tokens | None, ClusterCosine | None]:
+        """metric -> (value, note) of one layer's tokens, the measured :class:`Tokens` (None
+        when the layer was not measured) and, ``with_cloud``, its clustering for the cloud.
 
         A layer that cannot be measured (too few tokens, non-finite rows) gives one
         ``error`` row with the reason; the other layers go on.
         """
-        cfg = self.metrics_config
         try:
-            if with_cloud:
-                clusters = cluster_adjusted_cosine(
-                    X, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
-                )
-                rest = tuple(m for m in cfg.metrics if m != "cos_cluster")
-                values = probe_metrics(X, dataclasses.replace(cfg, metrics=rest))
-                if "cos_cluster" in cfg.metrics:
-                    values.update(_cluster_values(clusters))
-            else:
-                values = probe_metrics(X, cfg)
+            measured = Tokens(X, self.metrics_config, previous)
+            values = measure_tokens(measured)
+            clusters = measured.clusters if with_cloud else None
         except ValueError as err:
             rank_zero_warn(f"IsotropyProbe: layer {layer} at epoch {epoch} not measured: {err}")
-            return {ERROR_METRIC: (math.nan, str(err))}, None
+            return {ERROR_METRIC: (math.nan, str(err))}, None, None
         undefined = [m for m, v in values.items() if math.isnan(v)]
         if undefined:
             rank_zero_warn(
@@ -176,8 +160,17 @@ class IsotropyProbe(Probe):
                 f"({X.shape[0]} tokens): {undefined} undefined (NaN)"
             )
         ordered = {TOKENS_METRIC: (float(X.shape[0]), "")}
-        ordered.update((m, (values[m], "")) for m in _METRIC_ORDER if m in values)
-        cloud = None
-        if with_cloud:
-            cloud = PointCloud(pca_coordinates(X), cluster_colours(clusters.labels), clusters.k)
-        return ordered, cloud
+        ordered.update((m, (value, "")) for m, value in values.items())
+        return ordered, measured, clusters
+
+
+def _same_tokens(previous: str, layer: str) -> bool:
+    """Whether ``layer`` has the tokens of the layer probed before it, row for row: two layers of
+    one stack (``encoder.2``, ``encoder.3.attn``), or ``embed`` and the stack's first layer (the
+    layers of a stack share their mask, hence their subsample). ``decoder.0`` after the last
+    encoder layer reads other positions."""
+    return previous == "embed" or (bool(previous) and _stack(previous) == _stack(layer))
+
+
+def _stack(layer: str) -> str:
+    return layer.split(".", 1)[0]

@@ -10,7 +10,11 @@ epoch. :class:`Probe` owns everything else, once for all probes:
 - the probe set of validation windows, fixed for the run (kept in the checkpoint);
 - the collection pass: the real tokens of every probed layer (:mod:`isoprobe.callbacks.collect`),
   run ONCE per probe time for all probes in the Trainer that read the same windows, site and
-  tokens (the union of their layers in one forward pass), then freed;
+  tokens (the union of their layers in one forward pass), then freed: the
+  :class:`~isoprobe.callbacks.sharing.SharedCollection` every probe of the Trainer holds;
+- following: a probe with ``follow=<name>`` takes the probe set and schedule of the probe of
+  that name when it is in the Trainer (:func:`~isoprobe.callbacks.sharing.followed_settings`),
+  so the two share each pass;
 - records (``probe, epoch, global_step, layer, metric, value, note``), their CSV file, the
   end-of-fit trajectory plot, and publishing to every logger under the probe's ``log_prefix``
   (W&B: plotted against ``<prefix>/epoch``, a table per epoch, media the probe adds);
@@ -22,29 +26,29 @@ and :meth:`Probe.wandb_media`).
 
 from __future__ import annotations
 
+import inspect
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from weakref import WeakKeyDictionary
 
-from isoprobe.callbacks.collect import (
-    WINDOW_SELECTIONS,
-    ProbePlan,
-    gather_subsampled_tokens,
-    probe_window_indices,
-    run_probe_forward,
-)
+from isoprobe.callbacks.collect import WINDOW_SELECTIONS, probe_window_indices
 from isoprobe.callbacks.plots import save_trajectories
 from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
 from isoprobe.callbacks.records import keep_foreign_file, make_record, write_records
+from isoprobe.callbacks.sharing import (
+    FOLLOWED,
+    SharedCollection,
+    TokenRequest,
+    followed_settings,
+    val_dataset,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
-from torch.utils.data import Dataset
 from typing_extensions import override
 
 from isoprobe.models.base import check_probe_site
@@ -68,31 +72,6 @@ class Measurement:
 
     rows: list[Row]
     artefacts: Any = None
-
-
-@dataclass(frozen=True)
-class TokenRequest:
-    """What a collection pass depends on besides the layers: probes with equal requests share
-    one pass. Each layer's tokens depend on the request only, not on which other layers are
-    collected with it."""
-
-    site: str
-    tokens: str
-    windows: tuple[int, ...]
-    batch_size: int
-    max_tokens: int
-    seed: int
-
-
-@dataclass
-class _SharedPass:
-    key: tuple[Any, ...]
-    tokens: dict[str, Tensor]
-    waiting: set[str] = field(default_factory=set)
-
-
-#: per Trainer, the latest collection pass while some probe that shares it has not read it
-_SHARED: WeakKeyDictionary[Trainer, _SharedPass] = WeakKeyDictionary()
 
 
 class Probe(Callback, ABC):
@@ -120,6 +99,15 @@ class Probe(Callback, ABC):
             when n > 0 (1: every probe). A picture takes a tenth to a third of a second to
             draw, more than the rest of a small model's probe; the values are in the CSV and
             the loggers at every probe either way.
+        follow: the name of another probe whose probe set and schedule (the
+            :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings) this one takes when that
+            probe is in the Trainer (its own apply when it is not); a followed setting given
+            here other than its default is refused then, as it would be ignored.
+
+    Attributes:
+        own_settings: the :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings as given.
+        collection: the :class:`~isoprobe.callbacks.sharing.SharedCollection` of the Trainer
+            this probe was set up in (None before setup).
     """
 
     #: whether :meth:`measure` reads collected tokens (weights-only probes set False)
@@ -143,6 +131,7 @@ class Probe(Callback, ABC):
         tokens: str = "real",
         log_tables: bool = True,
         figures_every_n_epochs: int = 0,
+        follow: str | None = None,
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
@@ -185,6 +174,11 @@ class Probe(Callback, ABC):
         self.tokens = tokens
         self.log_tables = bool(log_tables)
         self.figures_every_n_epochs = int(figures_every_n_epochs)
+        if follow == name:
+            raise ValueError(f"probe {name!r} cannot follow itself")
+        self.follow = follow
+        self.own_settings = {key: getattr(self, key) for key in FOLLOWED}
+        self.collection: SharedCollection | None = None
 
         self._records: list[dict[str, Any]] = []
         self._probed_epochs: set[int] = set()
@@ -264,6 +258,12 @@ class Probe(Callback, ABC):
         root = self.output_dir if self.output_dir else trainer.log_dir or trainer.default_root_dir
         self._dir = Path(root)
         self._csv_checked = False
+        probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
+        defaults = inspect.signature(Probe.__init__).parameters
+        settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})
+        for key, value in (settings or {}).items():
+            setattr(self, key, list(value) if isinstance(value, list) else value)
+        self.collection = SharedCollection.join(trainer, probes)
         self.probed_layers(pl_module)  # an unknown layer name fails before training starts
 
     @override
@@ -306,7 +306,8 @@ class Probe(Callback, ABC):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        _SHARED.pop(trainer, None)
+        if self.collection is not None:
+            self.collection.clear()
         if trainer.is_global_zero and self._undrawn is not None:
             epoch, measurement = self._undrawn  # the last probe's pictures
             self._draw(epoch, measurement)
@@ -376,7 +377,7 @@ class Probe(Callback, ABC):
         """This probe's collection request (choosing the probe set at the first call)."""
         if self._window_indices is None:
             self._window_indices = probe_window_indices(
-                len(_val_dataset(trainer)), self.num_windows, self.window_selection, self.seed
+                len(val_dataset(trainer)), self.num_windows, self.window_selection, self.seed
             )
         return TokenRequest(
             self.site,
@@ -394,7 +395,9 @@ class Probe(Callback, ABC):
             return
         started = time.perf_counter()
         step = trainer.global_step if step is None else step
-        tokens = self._collect(trainer, pl_module, (epoch, step)) if self.reads_tokens else None
+        tokens = None
+        if self.reads_tokens:
+            tokens = self.collection.tokens(self, trainer, pl_module, (epoch, step))
         measurement = self.measure(trainer, pl_module, tokens, epoch)
         del tokens
         records = [
@@ -406,34 +409,6 @@ class Probe(Callback, ABC):
         self.seconds[epoch] = time.perf_counter() - started
         if trainer.is_global_zero:
             self._publish(trainer, epoch, step, records, measurement)
-
-    def _collect(
-        self, trainer: Trainer, pl_module: LightningModule, when: tuple[int, int]
-    ) -> dict[str, Tensor]:
-        """This probe's layers' tokens, from the pass it shares with every probe of the Trainer
-        that makes the same request at the same time (run by whichever asks first)."""
-        request = self.token_request(trainer)
-        key = (request, trainer.state.fn, when)
-        shared = _SHARED.get(trainer)
-        if shared is None or shared.key != key:
-            peers = [
-                probe
-                for probe in trainer.callbacks
-                if isinstance(probe, Probe)
-                and probe.reads_tokens
-                and probe.token_request(trainer) == request
-            ]
-            layers: dict[str, nn.Module] = {}
-            for probe in peers:
-                layers.update(probe.probed_layers(pl_module))
-            shared = _SharedPass(key, _collect_tokens(trainer, pl_module, request, layers))
-            shared.waiting = {probe.name for probe in peers}
-            _SHARED[trainer] = shared
-        shared.waiting.discard(self.name)
-        mine = {layer: shared.tokens[layer] for layer in self.probed_layers(pl_module)}
-        if not shared.waiting:
-            del _SHARED[trainer]
-        return mine
 
     def _write_csv(self, trainer: Trainer) -> None:
         if not trainer.is_global_zero:
@@ -469,34 +444,3 @@ class Probe(Callback, ABC):
             if self.log_tables:
                 media[f"{self.log_prefix}/table"] = records_table(epoch, records)
         log_epoch(trainer.loggers, step, self.log_prefix, metrics, media, self._wandb_defined)
-
-
-def _val_dataset(trainer: Trainer) -> Dataset:
-    dataset = getattr(trainer.datamodule, "val_dataset", None)
-    if dataset is None:
-        raise RuntimeError(
-            "the probes need the validation windows as trainer.datamodule.val_dataset; pass a "
-            "LightningDataModule with a val_dataset to fit()/validate()"
-        )
-    return dataset
-
-
-def _collect_tokens(
-    trainer: Trainer,
-    pl_module: LightningModule,
-    request: TokenRequest,
-    layers: dict[str, nn.Module],
-) -> dict[str, Tensor]:
-    """Layer -> [N, D] subsampled tokens of the probe set: one forward pass per batch for all
-    ``layers``, identical on every rank (see :mod:`isoprobe.callbacks.collect`)."""
-    plan = ProbePlan.build(len(request.windows), request.batch_size, trainer.world_size)
-    local = run_probe_forward(
-        trainer,
-        pl_module,
-        _val_dataset(trainer),
-        request.windows,
-        plan,
-        layers,
-        request.tokens == "all",
-    )
-    return gather_subsampled_tokens(trainer, plan, local, request.max_tokens, request.seed)

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
@@ -106,6 +106,15 @@ def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
         cfg.hydra.runtime.output_dir = str(tmp_path)
     HydraConfig().set_config(cfg)
     return cfg
+
+
+def data_config(name: str, seed: int, **overrides) -> DictConfig:
+    """The ``data`` section of ``python run.py data=<name> seed=<seed>`` (its defaults list, the
+    bases in configs/_base, composed), with ``overrides`` merged in."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"data={name}", f"seed={seed}"])
+    return OmegaConf.merge(cfg, {"data": overrides}).data
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from isoprobe.metrics.clustering import ClusterCosine, cluster_adjusted_cosine
 from isoprobe.metrics.cosine import inter_token_cosine
 from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.rank import epsilon_rank, singular_values
+from isoprobe.metrics.registry import MEASURES, register_measure, unregister_measure
 from isoprobe.metrics.silhouette import silhouette_scores
 from isoprobe.metrics.spectrum import (
     PartitionRatio,
@@ -16,22 +17,33 @@ from isoprobe.metrics.spectrum import (
     participation_ratio,
     partition_ratio,
 )
-from isoprobe.metrics.suite import ALL_METRICS, ProbeMetricsConfig, probe_metrics
+from isoprobe.metrics.suite import (
+    ALL_METRICS,
+    ProbeMetricsConfig,
+    Tokens,
+    measure_tokens,
+    probe_metrics,
+)
 
 __all__ = [
     "ALL_METRICS",
+    "MEASURES",
     "ClusterCosine",
     "PartitionRatio",
     "ProbeMetricsConfig",
+    "Tokens",
     "cluster_adjusted_cosine",
     "effective_dimension",
     "epsilon_rank",
     "inter_token_cosine",
     "isoscore",
     "kmeans_sweep",
+    "measure_tokens",
     "participation_ratio",
     "partition_ratio",
     "probe_metrics",
+    "register_measure",
     "silhouette_scores",
     "singular_values",
+    "unregister_measure",
 ]

@@ -1,20 +1,33 @@
-"""``probe_metrics``: the configured metric set of one token matrix, sharing the centring, the
-Gram matrix and the covariance spectrum between metrics."""
+"""The isotropy probe's measures of one token matrix, registered by name
+(:mod:`isoprobe.metrics.registry`), and :func:`probe_metrics`, which runs the chosen ones on
+one :class:`Tokens`, so that the centring, the Gram matrix, the covariance spectrum and the
+clustering are computed once for all of them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from types import MappingProxyType
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.clustering import check_cluster_range, cluster_cosine_of_centred
+from isoprobe.metrics.clustering import (
+    ClusterCosine,
+    check_cluster_range,
+    cluster_cosine_of_centred,
+)
 from isoprobe.metrics.cosine import mean_pairwise_cosine
 from isoprobe.metrics.gram import feature_gram
 from isoprobe.metrics.rank import rank_from_singular_values
+from isoprobe.metrics.registry import (
+    ALL,
+    ALL_METRICS,
+    MEASURES,
+    register_measure,
+    selected_measures,
+)
 from isoprobe.metrics.spectrum import (
     covariance_eigenvalues,
     covariance_eigenvalues_from_uncentred,
@@ -24,47 +37,16 @@ from isoprobe.metrics.spectrum import (
     partition_ratio_from_eigenvectors,
 )
 
-#: Selectable metric name -> the output keys of :func:`probe_metrics` it produces.
-#:
-#: ``cos_inter``: ``inter_token_cosine(X)``; ``cos_inter_centered``: with ``center=True``;
-#: ``cos_cluster``: ``cluster_adjusted_cosine`` -> value (``cos_cluster``), baseline
-#: (``cos_cluster_baseline``), value - baseline (``cos_cluster_excess``), k (``n_clusters``) and
-#: the best mean silhouette (``silhouette``); ``eff_dim``: ``effective_dimension`` at
-#: ``ed_threshold``; ``participation_ratio``; ``partition_ratio`` -> ratio and
-#: ``log_partition_ratio``; ``isoscore``; ``eps_rank_centred``: ``epsilon_rank`` of the centred X
-#: at ``rank_eps``, the dimension of the tokens' spread around their mean (the rank probe's
-#: ``rank_uncentred_eps<ε>`` is that of the tokens themselves, mean included).
-ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "cos_inter": ("cos_inter",),
-        "cos_inter_centered": ("cos_inter_centered",),
-        "cos_cluster": (
-            "cos_cluster",
-            "cos_cluster_baseline",
-            "cos_cluster_excess",
-            "n_clusters",
-            "silhouette",
-        ),
-        "eff_dim": ("eff_dim",),
-        "participation_ratio": ("participation_ratio",),
-        "partition_ratio": ("partition_ratio", "log_partition_ratio"),
-        "isoscore": ("isoscore",),
-        "eps_rank_centred": ("eps_rank_centred",),
-    }
-)
-_FROM_COVARIANCE = {"eff_dim", "participation_ratio", "isoscore", "eps_rank_centred"}
-#: former metric names -> their names now
-RENAMED_METRICS: Mapping[str, str] = MappingProxyType({"eps_rank": "eps_rank_centred"})
-
 
 @dataclass(frozen=True)
 class ProbeMetricsConfig:
-    """Which metrics :func:`probe_metrics` computes (names of :data:`ALL_METRICS`) and their
-    parameters: the k-means sweep ``k_min``..``k_max``, ``min_silhouette`` and ``seed`` of the
-    cluster-adjusted cosine, the effective dimension's ``ed_threshold`` and the centred ε-rank's
-    ``rank_eps``."""
+    """Which measures :func:`probe_metrics` runs (``"all"``, the default: every registered one;
+    or names of :data:`ALL_METRICS`) and their parameters: the k-means sweep
+    ``k_min``..``k_max``, ``min_silhouette`` and ``seed`` of the cluster-adjusted cosine, the
+    effective dimension's ``ed_threshold`` and the centred ε-rank's ``rank_eps``. ``metrics``
+    holds the chosen names once built."""
 
-    metrics: tuple[str, ...] = tuple(ALL_METRICS)
+    metrics: str | Sequence[str] = ALL
     k_min: int = 2
     k_max: int = 16
     min_silhouette: float = 0.1
@@ -73,21 +55,7 @@ class ProbeMetricsConfig:
     rank_eps: float = 1e-2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "metrics", tuple(self.metrics))
-        if not self.metrics:
-            raise ValueError(
-                f"no probe metric chosen (metrics=[]); choose from {list(ALL_METRICS)}, or "
-                "turn the probe off with callbacks=none"
-            )
-        renamed = {m: RENAMED_METRICS[m] for m in self.metrics if m in RENAMED_METRICS}
-        if renamed:
-            raise ValueError(
-                f"probe metrics {list(renamed)} were renamed: write {list(renamed.values())} "
-                "in callbacks.isotropy.metrics.metrics"
-            )
-        unknown = [m for m in self.metrics if m not in ALL_METRICS]
-        if unknown:
-            raise ValueError(f"unknown probe metrics {unknown}; choose from {list(ALL_METRICS)}")
+        object.__setattr__(self, "metrics", selected_measures(self.metrics))
         check_cluster_range(self.k_min, self.k_max)
         if not 0 < self.ed_threshold <= 1:
             raise ValueError(f"ed_threshold must lie in (0, 1], got {self.ed_threshold}")
@@ -113,77 +81,164 @@ class ProbeMetricsConfig:
         return cls(**dict(cfg))
 
 
-def _spectral_metrics(
-    X: Tensor, centred: Tensor, chosen: set[str], cfg: ProbeMetricsConfig
-) -> dict[str, float]:
-    """The metrics of :func:`probe_metrics` that come from C^T C of the centred rows C.
+class Tokens:
+    """One layer's token matrix and what the measures share, each computed on first use.
 
-    With the partition ratio, one eigendecomposition of X^T X = C^T C + N·mean·meanᵀ serves
-    both: its eigenvectors are the partition ratio's candidates, and the covariance spectrum
-    follows from it by a rank-one downdate (a second dense eigendecomposition only where the
-    common offset is too large for that)."""
+    Attributes:
+        X: the tokens [N, D], validated float64 (a ValueError names what is wrong).
+        cfg: the probe's :class:`ProbeMetricsConfig` (which measures run, their parameters).
+        previous: the :class:`Tokens` of the layer the probe measured just before this one in
+            the same stack (``embed`` before a stack's first layer), whose rows are the same
+            tokens, for a measure across consecutive layers; None for a stack's first layer,
+            after a layer that could not be measured, and outside the probe.
+
+    X is centred once; the feature Gram matrix C^T C of the centred rows C plus N·mean·meanᵀ is
+    the X^T X whose eigendecomposition gives the partition ratio's candidates and, by a rank-one
+    downdate, the covariance spectrum (a dense eigendecomposition of C^T C only where the
+    partition ratio is not measured). Everything runs on the caller's thread with torch's
+    threads: on a CPU the stages are large matrix products that use every core, so running the
+    clustering and the spectrum side by side only makes them compete.
+    """
+
+    def __init__(
+        self, X: Tensor, cfg: ProbeMetricsConfig | None = None, previous: Tokens | None = None
+    ) -> None:
+        self.X = as_token_matrix(X)
+        self.cfg = ProbeMetricsConfig.from_any(cfg)
+        self.previous = previous
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @cached_property
+    def centred(self) -> Tensor:
+        return centre(self.X)
+
+    @cached_property
+    def mean(self) -> Tensor:
+        return self.X.mean(dim=0)
+
+    @cached_property
+    def gram(self) -> Tensor:
+        """C^T C [D, D] of the centred rows C."""
+        return feature_gram(self.centred)
+
+    @cached_property
+    def uncentred_eigh(self) -> tuple[Tensor, Tensor]:
+        """Eigenvalues and eigenvectors of X^T X = C^T C + N·mean·meanᵀ."""
+        mean = self.mean
+        return torch.linalg.eigh(self.gram + self.n * mean[:, None] * mean[None, :])
+
+    @cached_property
+    def eigenvalues(self) -> Tensor:
+        """The covariance eigenvalues (descending): by a rank-one downdate of X^T X's
+        eigendecomposition where the partition ratio computes that anyway, else (or where the
+        common offset is too large for the downdate) from C^T C."""
+        if "partition_ratio" in self.cfg.metrics:
+            values, vectors = self.uncentred_eigh
+            downdated = covariance_eigenvalues_from_uncentred(values, vectors, self.mean, self.n)
+            if downdated is not None:
+                return downdated
+        return covariance_eigenvalues(self.gram, self.n)
+
+    @cached_property
+    def clusters(self) -> ClusterCosine:
+        """The cluster-adjusted cosine with its clustering (k-means labels, k, silhouette)."""
+        cfg = self.cfg
+        return cluster_cosine_of_centred(
+            self.centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
+        )
+
+
+def measure_tokens(tokens: Tokens) -> dict[str, float]:
+    """The chosen measures of ``tokens`` (``tokens.cfg.metrics``) as a flat dict of floats in
+    registration order (ints as floats; NaN where a measure is undefined)."""
+    chosen = set(tokens.cfg.metrics)
     out: dict[str, float] = {}
-    n = X.shape[0]
-    gram = feature_gram(centred)
-    eigenvalues = None
-    if "partition_ratio" in chosen:
-        mean = X.mean(dim=0)
-        values, vectors = torch.linalg.eigh(gram + n * mean[:, None] * mean[None, :])
-        ratio = partition_ratio_from_eigenvectors(X, vectors)
-        out["partition_ratio"] = ratio.ratio
-        out["log_partition_ratio"] = ratio.log_ratio
-        if chosen & _FROM_COVARIANCE:
-            eigenvalues = covariance_eigenvalues_from_uncentred(values, vectors, mean, n)
-    if chosen & _FROM_COVARIANCE:
-        if eigenvalues is None:
-            eigenvalues = covariance_eigenvalues(gram, n)
-        if "eff_dim" in chosen:
-            out["eff_dim"] = effective_dimension_from_eigenvalues(eigenvalues, cfg.ed_threshold)
-        if "participation_ratio" in chosen:
-            out["participation_ratio"] = participation_ratio_from_eigenvalues(eigenvalues)
-        if "isoscore" in chosen:
-            out["isoscore"] = isoscore_from_eigenvalues(eigenvalues)
-        if "eps_rank_centred" in chosen:
-            # singular values of the centred X are sqrt((N - 1) lambda): same ratios
-            out["eps_rank_centred"] = rank_from_singular_values(eigenvalues.sqrt(), cfg.rank_eps)
+    for name, measure in MEASURES.items():
+        if name not in chosen:
+            continue
+        values = measure.fn(tokens)
+        if set(values) != set(measure.keys):
+            raise RuntimeError(
+                f"probe measure {name!r} returned keys {sorted(values)}, not the keys it was "
+                f"registered with, {list(measure.keys)}"
+            )
+        out.update((key, float(values[key])) for key in measure.keys)
     return out
 
 
 def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) -> dict[str, float]:
-    """The configured metrics of the token matrix X [N, D] as a flat dict of floats (ints as
-    floats; NaN where a metric is undefined), keys as listed in :data:`ALL_METRICS`.
-
-    X is validated and centred once; the Gram matrix of the centred rows serves the k-means
-    sweep and, turned into distances, the silhouettes; C^T C of the centred rows plus
-    N·mean·meanᵀ is the X^T X whose eigendecomposition gives the partition ratio's candidates
-    and, by a rank-one downdate, the covariance spectrum (effective dimension, participation
-    ratio, IsoScore, ε-rank). Everything runs on the caller's thread
-    with torch's threads: on a CPU the stages are large matrix products that use every core,
-    so running the clustering and the spectrum side by side only makes them compete.
-    """
-    cfg = ProbeMetricsConfig.from_any(cfg)
-    X = as_token_matrix(X)
-    chosen = set(cfg.metrics)
-    centred = centre(X)
-    out: dict[str, float] = {}
-    if "cos_inter" in chosen:
-        out["cos_inter"] = mean_pairwise_cosine(X)
-    if "cos_inter_centered" in chosen:
-        out["cos_inter_centered"] = mean_pairwise_cosine(centred)
-    if "cos_cluster" in chosen:
-        clusters = cluster_cosine_of_centred(
-            centred, cfg.k_min, cfg.k_max, cfg.min_silhouette, cfg.seed
-        )
-        out.update(
-            cos_cluster=clusters.value,
-            cos_cluster_baseline=clusters.baseline,
-            cos_cluster_excess=clusters.excess,
-            n_clusters=clusters.k,
-            silhouette=clusters.silhouette,
-        )
-    if chosen & (_FROM_COVARIANCE | {"partition_ratio"}):
-        out.update(_spectral_metrics(X, centred, chosen, cfg))
-    return {key: float(value) for key, value in out.items()}
+    """The configured measures of the token matrix X [N, D] (:func:`measure_tokens` of
+    ``Tokens(X, cfg)``), keys as listed in :data:`ALL_METRICS`."""
+    return measure_tokens(Tokens(X, ProbeMetricsConfig.from_any(cfg)))
 
 
-__all__ = ["ALL_METRICS", "ProbeMetricsConfig", "probe_metrics"]
+@register_measure("cos_inter")
+def _cos_inter(tokens: Tokens) -> dict[str, float]:
+    """Mean cosine over all token pairs, :func:`isoprobe.metrics.inter_token_cosine`."""
+    return {"cos_inter": mean_pairwise_cosine(tokens.X)}
+
+
+@register_measure("cos_inter_centered")
+def _cos_inter_centered(tokens: Tokens) -> dict[str, float]:
+    """The same after subtracting the mean token (``center=True``)."""
+    return {"cos_inter_centered": mean_pairwise_cosine(tokens.centred)}
+
+
+@register_measure(
+    "cos_cluster",
+    ("cos_cluster", "cos_cluster_baseline", "cos_cluster_excess", "n_clusters", "silhouette"),
+)
+def _cos_cluster(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.cluster_adjusted_cosine`: the value, its baseline, value -
+    baseline, k and the best mean silhouette."""
+    clusters = tokens.clusters
+    return {
+        "cos_cluster": clusters.value,
+        "cos_cluster_baseline": clusters.baseline,
+        "cos_cluster_excess": clusters.excess,
+        "n_clusters": clusters.k,
+        "silhouette": clusters.silhouette,
+    }
+
+
+@register_measure("eff_dim")
+def _eff_dim(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.effective_dimension` at ``ed_threshold``."""
+    return {
+        "eff_dim": effective_dimension_from_eigenvalues(tokens.eigenvalues, tokens.cfg.ed_threshold)
+    }
+
+
+@register_measure("participation_ratio")
+def _participation_ratio(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.participation_ratio`."""
+    return {"participation_ratio": participation_ratio_from_eigenvalues(tokens.eigenvalues)}
+
+
+@register_measure("partition_ratio", ("partition_ratio", "log_partition_ratio"))
+def _partition_ratio(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.partition_ratio`: the ratio and its log."""
+    ratio = partition_ratio_from_eigenvectors(tokens.X, tokens.uncentred_eigh[1])
+    return {"partition_ratio": ratio.ratio, "log_partition_ratio": ratio.log_ratio}
+
+
+@register_measure("isoscore")
+def _isoscore(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.isoscore`."""
+    return {"isoscore": isoscore_from_eigenvalues(tokens.eigenvalues)}
+
+
+@register_measure("eps_rank_centred")
+def _eps_rank_centred(tokens: Tokens) -> dict[str, float]:
+    """:func:`isoprobe.metrics.epsilon_rank` of the centred X at ``rank_eps``: the dimension of
+    the tokens' spread around their mean (the rank probe's ``rank_uncentred_eps<ε>`` is that of
+    the tokens themselves, mean included)."""
+    # singular values of the centred X are sqrt((N - 1) lambda): same ratios
+    rank = rank_from_singular_values(tokens.eigenvalues.sqrt(), tokens.cfg.rank_eps)
+    return {"eps_rank_centred": rank}
+
+
+__all__ = ["ALL_METRICS", "ProbeMetricsConfig", "Tokens", "measure_tokens", "probe_metrics"]

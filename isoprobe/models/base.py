@@ -31,28 +31,45 @@ What the contract requires of these methods (each point a test of the contract):
 - **Gaps.** NaN may stand anywhere in ``context`` and ``target``: :meth:`loss` stays finite and
   so do its gradients (missing target values are left out of the objective, not trained as
   zeros), and :meth:`forecast` stays finite.
-- **``embed``** is the first block's input, every position of it: the value embeddings plus
-  whatever the model adds or puts in before its first block: absolute position embeddings
-  where it has them (GPT-2's, PatchTST's), special tokens (REG, [MASK], forecast
-  placeholders). A model whose positions are rotary or relative (T5, Moirai, Lag-Llama) has
-  none to add. A block's output is the next block's input, so the layers of a stack are
+- **``embed``** is exactly the tensor the first block reads, every position of it
+  (``test_embed_is_what_the_first_block_reads`` compares the two with ``torch.equal``): the value
+  embeddings plus whatever the model adds or puts in before its first block: absolute position
+  embeddings where it has them (GPT-2's: ``embed`` is ``transformer.drop``'s output;
+  PatchTST's: ``encoder.positional_encoder``'s), a frequency embedding (TimesFM), special
+  tokens (REG, [MASK], forecast placeholders). Positions that the attention applies itself,
+  rotary (Chronos-2, Moirai, Lag-Llama) or as a relative bias (Chronos-T5, Chronos-Bolt, the
+  T5 LLM), are in no layer's tokens, so there is nothing to add for them. Tap the module whose
+  output the first block reads, or one whose output tensor the model then adds to in place
+  before that block: the hooks keep the output tensor itself and read its rows after
+  :meth:`probe_forward` returns (TimesFM's ``input_ff_layer`` output gets its frequency
+  embedding so). A block's output is the next block's input, so the layers of a stack are
   measured at the same positions.
 - **Real tokens.** :meth:`token_masks` marks a position real exactly when the token there
   carries at least one observed value of its own step(s): not left padding, a missing value
   (or an all-missing patch), EOS, REG, [MASK], a decoder start token, a forecast placeholder
   nor a separator between values. Every layer of a stack has the mask of the tokens it reads:
   a decoder position is real where its (teacher-forced, shifted) input is an observed target
-  value. A token that also carries earlier steps' values as lag features (Lag-Llama) is real
-  exactly when its own step is observed: lagged copies of values are real at their own steps.
+  value. A token that also carries earlier steps' values as lag features (Lag-Llama: one token
+  per step, its features the values at its lags, up to max(lags_seq) steps back) is masked by
+  its own step alone: it is real exactly when its own step is observed, whatever its lags hold
+  (observed, missing or left padding), and not real when its own step is missing even though
+  its lags carry observed values; those values are real at their own steps' tokens, so none
+  is counted twice and none is left out.
 - **Samples.** A model that forecasts by sampling (a ``num_samples`` argument) returns
   ``Forecast.samples`` [B, num_samples, H], and its quantiles are those samples' empirical
   quantiles.
 - **Memory.** Each estimate lies within a factor of 4 of the peak it estimates, measured on the
   CPU (the weights plus the resident memory one step or one forecast adds).
 - **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by
-  ``model.sizes``); bundled weights (``isoprobe/models/bundled``) are optional: a model without
-  them loads a hub id or a local directory (``checkpoint=bundled`` then fails naming the
-  missing folder).
+  ``model.sizes``), which is all the contract tests need. Bundled weights
+  (``isoprobe/models/bundled/<bundled_name>``, listed in ``checkpoints.SHIPPED``) are optional;
+  for a model without them (:func:`isoprobe.models.checkpoints.resolve_checkpoint`):
+  ``checkpoint=bundled`` fails at once with a ``CheckpointError`` saying isoprobe ships no
+  checkpoint of that name and to use ``scratch``, a local directory or a hub id instead;
+  ``checkpoint=auto`` loads the hub id when it is in the Hugging Face cache or the hub is
+  reachable, and otherwise (offline, not cached) fails with that same error instead of falling
+  back to bundled weights; ``scratch``, a local directory and a hub id work as for any model.
+  Such a model's config should default to ``checkpoint: scratch`` where it must run offline.
 """
 
 from __future__ import annotations

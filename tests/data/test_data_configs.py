@@ -1,16 +1,19 @@
-"""configs/data/*.yaml instantiate the DataModule, and both sets of each domain window cleanly."""
+"""configs/data/** compose (each through its base in configs/_base) into the DataModule, and both
+sets of each domain window cleanly."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from isoprobe.data import TimeSeriesDataModule, dataset_spec
+from tests.conftest import CONFIG_DIR, data_config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
+DATA_CONFIGS = sorted(
+    str(p.relative_to(CONFIG_DIR / "data").with_suffix(""))
+    for p in (CONFIG_DIR / "data").rglob("*.yaml")
+)
 
 # domain config: (its two data sets, context, horizon)
 DOMAINS = {
@@ -24,9 +27,18 @@ DOMAINS = {
 
 
 def build(config: str, **overrides) -> TimeSeriesDataModule:
-    data = OmegaConf.merge(OmegaConf.load(CONFIGS / f"{config}.yaml"), overrides)
-    root = OmegaConf.create({"seed": 5, "data": data})
-    return instantiate(root.data)
+    return instantiate(data_config(config, seed=5, **overrides))
+
+
+@pytest.mark.parametrize("config", DATA_CONFIGS)
+def test_every_data_config_composes_whole_into_its_datamodule(config):
+    data = data_config(config, seed=5)
+    # only local's path is left to the user
+    assert OmegaConf.missing_keys(data) == ({"data.path"} if config == "local" else set())
+    # every key is an argument of the DataModule (which checks each value)
+    dm = instantiate(data, path="/tmp/series.csv") if config == "local" else instantiate(data)
+    assert isinstance(dm, TimeSeriesDataModule) and dm.seed == 5
+    assert dm.context_length > 0 and dm.prediction_length > 0
 
 
 @pytest.mark.parametrize("domain", sorted(DOMAINS))

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from sklearn.gaussian_process.kernels import RBF, DotProduct, ExpSineSquared
 
 from isoprobe.data import dataset_spec, load_series
 from isoprobe.data import kernelsynth as ks
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data" / "kernelsynth"
+from tests.conftest import data_config
 
 
 @pytest.fixture(autouse=True)
@@ -184,10 +181,7 @@ def test_bad_arguments_name_the_problem():
 
 @pytest.mark.parametrize("name", ks.SETS)
 def test_config_windows_every_segment(name):
-    config = OmegaConf.merge(
-        OmegaConf.load(CONFIGS / f"{name}.yaml"), {"dataset_kwargs": {"num_series": 2}}
-    )
-    dm = instantiate(OmegaConf.create({"seed": 7, "data": config}).data)
+    dm = instantiate(data_config(f"kernelsynth/{name}", seed=7, dataset_kwargs={"num_series": 2}))
     assert dm.dataset == f"kernelsynth/{name}"
     dm.setup("fit")
     assert min(dm.report["windows"].values()) > 0

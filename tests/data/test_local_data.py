@@ -12,11 +12,10 @@ import pytest
 from gluonts.dataset.arrow import ArrowWriter
 from gluonts.time_feature import get_seasonality
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from isoprobe.data import LocalDataModule
 from isoprobe.data.local import LocalDataError, load_local, season_length_of
-from tests.conftest import CONFIG_DIR
+from tests.conftest import data_config
 
 RNG = np.random.default_rng(0)
 A = RNG.normal(size=400).cumsum()
@@ -140,9 +139,7 @@ def test_an_unknown_file_type_and_a_missing_file_are_named(tmp_path):
 
 
 def local_datamodule(path, **overrides) -> LocalDataModule:
-    data = OmegaConf.merge(OmegaConf.load(CONFIG_DIR / "data" / "local.yaml"), overrides)
-    root = OmegaConf.create({"seed": 0, "data": data})
-    return instantiate(root.data, path=str(path))
+    return instantiate(data_config("local", seed=0, **overrides), path=str(path))
 
 
 def test_local_config_windows_the_file_like_every_other_set(tmp_path):
