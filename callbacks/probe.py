@@ -98,7 +98,8 @@ class Probe(Callback, ABC):
             drawn at the first and the last probe of a run, and also after every n-th epoch
             when n > 0 (1: every probe). A picture takes a tenth to a third of a second to
             draw, more than the rest of a small model's probe; the values are in the CSV and
-            the loggers at every probe either way.
+            the loggers at every probe either way. -1: no pictures at all (a study's grid,
+            whose analysis draws its own).
         follow: the name of another probe whose probe set and schedule (the
             :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings) this one takes when that
             probe is in the Trainer (its own apply when it is not); a followed setting given
@@ -135,10 +136,10 @@ class Probe(Callback, ABC):
     ) -> None:
         if every_n_epochs < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
-        if figures_every_n_epochs < 0:
+        if figures_every_n_epochs < -1:
             raise ValueError(
-                f"figures_every_n_epochs must be >= 0 (0: first and last probe only), got "
-                f"{figures_every_n_epochs}"
+                f"figures_every_n_epochs must be >= -1 (0: first and last probe only, -1: "
+                f"never), got {figures_every_n_epochs}"
             )
         if num_windows < 1:
             raise ValueError(f"num_windows must be >= 1, got {num_windows}")
@@ -433,14 +434,14 @@ class Probe(Callback, ABC):
     ) -> None:
         self._write_csv(trainer)
         every = self.figures_every_n_epochs
-        if not self._drawn_any or (every > 0 and epoch % every == 0):
+        if every >= 0 and (not self._drawn_any or (every > 0 and epoch % every == 0)):
             self._draw(epoch, measurement)
-        else:
+        elif every >= 0:
             self._undrawn = (epoch, measurement)
         metrics = scalar_metrics(self.log_prefix, epoch, records, self.seconds[epoch])
         media = None
         if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
-            media = self.wandb_media(epoch, measurement)
+            media = self.wandb_media(epoch, measurement) if every >= 0 else {}
             if self.log_tables:
                 media[f"{self.log_prefix}/table"] = records_table(epoch, records)
         log_epoch(trainer.loggers, step, self.log_prefix, metrics, media, self._wandb_defined)

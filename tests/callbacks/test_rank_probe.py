@@ -101,7 +101,7 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
     assert alone == shared
 
 
-@pytest.mark.parametrize("every, drawn", [(0, (0, 2)), (1, (0, 1, 2))])
+@pytest.mark.parametrize("every, drawn", [(0, (0, 2)), (1, (0, 1, 2)), (-1, ())])
 def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path, every, drawn):
     L.seed_everything(0)
     probe = RankProbe(output_dir=str(tmp_path), figures_every_n_epochs=every, **PROBE_SET)
