@@ -75,6 +75,12 @@ def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> 
     if adapt == "full":
         return
     if adapt == "lora":
+        if model.compression:
+            raise ValueError(
+                "model.adapt=lora puts adapters on dense attention projections, but this "
+                "model's are factored (model.low_rank.enabled or a compressed checkpoint): "
+                "fine-tune it with model.adapt=full, frozen_backbone or head_only"
+            )
         _inject_lora(model, lora or {})
         return
     modules = model.head_modules()

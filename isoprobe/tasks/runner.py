@@ -103,6 +103,12 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
         return run_analyze(cfg)
     if cfg.task.name == "compress":
         compress_settings(cfg.compress)  # a wrong setting fails before data and model load
+        if cfg.model.get("adapt", "full") == "lora":
+            raise ValueError(
+                "task=compress truncates the model's own attention projections, which "
+                "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
+                "LoRA run's export, task=pretrain, holds its merged weights)"
+            )
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):

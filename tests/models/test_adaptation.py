@@ -187,3 +187,8 @@ def test_an_unknown_strategy_or_projection_is_refused_by_name(tmp_path):
         adapted(tmp_path, "patchtst", "everything")
     with pytest.raises(ValueError, match=r"model.lora.projections .* got \['x'\]"):
         adapted(tmp_path, "patchtst", "lora", "model.lora.projections=[x]")
+
+
+def test_lora_on_factored_projections_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="model.adapt=lora .* factored"):
+        adapted(tmp_path, "patchtst", "lora", "model.low_rank.enabled=true")

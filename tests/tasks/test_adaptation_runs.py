@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from lightning.pytorch import Callback
 
 from isoprobe.models.adaptation import ADAPT_CHOICES
 from isoprobe.tasks import run_task
-from tests.conftest import CONFIG_DIR
+from tests.conftest import CONFIG_DIR, ROOT, compose_config, tiny_for
 
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 #: two optimiser steps (LoRA's A gets its first gradient at the second, once B is non-zero);
@@ -73,3 +75,31 @@ def test_fine_tuning_changes_exactly_what_the_strategy_trains(tiny_config, tmp_p
     assert 0 < counts["trainable_parameters"] <= counts["total_parameters"]
     if adapt != "full":
         assert counts["trainable_parameters"] < counts["total_parameters"]
+
+
+def test_the_strategies_study_sweeps_every_strategy_fine_tuning(tmp_path):
+    cfg = compose_config(tmp_path, ["experiment=adaptation/strategies"])
+    params = cfg.hydra.sweeper.params
+    assert params["model.adapt"].split(",") == list(ADAPT_CHOICES)
+    assert len(params["data"].split(",")) > 1
+    assert cfg.task.name == "finetune" and "analyze" in cfg.hydra.callbacks
+
+
+@pytest.mark.slow
+def test_the_strategies_study_ends_with_its_report(tmp_path):
+    """Two strategies on one domain, tiny: the sweep, then task=analyze on it."""
+    tiny = [o for o in tiny_for("chronos2") if not o.startswith("model=")]
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, str(ROOT / "run.py"), "-m", "experiment=adaptation/strategies"]
+    command += ["model.adapt=lora,head_only", "data=energy", *tiny, f"hydra.sweep.dir={sweep}"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert len(summaries) == 2
+    assert all(s["trainable_parameters"] < s["total_parameters"] for s in summaries)
+    assert (sweep / "analysis" / "report.html").is_file()
+
+
+def test_compressing_a_lora_model_is_refused(tiny_config):
+    with pytest.raises(ValueError, match="task=compress .* model.adapt=full"):
+        run_task(tiny_config("task=compress", "model.adapt=lora"))
