@@ -53,13 +53,12 @@ def check_adapt(adapt: str, lora: dict | None = None) -> None:
     """Refuse an unknown strategy or LoRA projection, naming the choices."""
     if adapt not in ADAPT_CHOICES:
         raise ValueError(f"model.adapt must be one of {list(ADAPT_CHOICES)}, got {adapt!r}")
-    if adapt == "lora":
-        wrong = [p for p in (lora or {}).get("projections", ()) if p not in ATTENTION_PROJECTIONS]
-        if wrong or not (lora or {}).get("projections"):
-            raise ValueError(
-                f"model.lora.projections must be a non-empty subset of "
-                f"{list(ATTENTION_PROJECTIONS)}, got {(lora or {}).get('projections')!r}"
-            )
+    projections = (lora or {}).get("projections")
+    if adapt == "lora" and (not projections or set(projections) - set(ATTENTION_PROJECTIONS)):
+        raise ValueError(
+            f"model.lora.projections must be a non-empty subset of "
+            f"{list(ATTENTION_PROJECTIONS)}, got {projections!r}"
+        )
 
 
 def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
