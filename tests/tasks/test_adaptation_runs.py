@@ -5,6 +5,7 @@ trains change (the frozen ones stay bit-identical), and the run reports how many
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -59,8 +60,11 @@ class InitialParameters(Callback):
 @pytest.mark.slow
 @pytest.mark.parametrize("adapt", ADAPT_CHOICES)
 @pytest.mark.parametrize("name", MODELS)
-def test_fine_tuning_changes_exactly_what_the_strategy_trains(tiny_config, tmp_path, name, adapt):
-    results = run_task(tiny_config(*SHORT, f"model.adapt={adapt}", model=name))
+def test_fine_tuning_changes_exactly_what_the_strategy_trains(
+    tiny_config, tmp_path, caplog, name, adapt
+):
+    with caplog.at_level(logging.INFO, logger="isoprobe.tasks.runner"):
+        results = run_task(tiny_config(*SHORT, f"model.adapt={adapt}", model=name))
     initial = torch.load(tmp_path / "initial.pt", weights_only=True)
     final = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     trained = {n for n, (_, trains) in initial.items() if trains}
@@ -72,6 +76,8 @@ def test_fine_tuning_changes_exactly_what_the_strategy_trains(tiny_config, tmp_p
     counts = {k: results[k] for k in ("trainable_parameters", "total_parameters")}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {k: summary[k] for k in counts} == counts
+    logged = f"model.adapt={adapt}: {counts['trainable_parameters']} of "
+    assert logged + f"{counts['total_parameters']} parameters trainable" in caplog.text
     assert 0 < counts["trainable_parameters"] <= counts["total_parameters"]
     if adapt != "full":
         assert counts["trainable_parameters"] < counts["total_parameters"]
