@@ -10,10 +10,10 @@ import pytest
 import torch
 from chronos import ChronosBoltPipeline
 from chronos.chronos2 import Chronos2Pipeline
+from isoprobe.callbacks.collect import _capture_outputs
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from isoprobe.callbacks.collect import _capture_outputs
 from isoprobe.models.adaptation import (
     adapters_merged,
     lora_layers,
