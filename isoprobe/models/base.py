@@ -15,6 +15,10 @@ the model contract, every part of which ``tests/models/test_contract.py`` checks
   rank measures and compression) and, for an encoder-decoder, :meth:`cross_attention_weights`
   (those of every decoder block's cross-attention; ``{}``, the default, for a model without
   one). Records and reports name a cross-attention ``<block>.cross`` (:func:`cross_name`);
+- :meth:`input_modules`, :meth:`head_modules` and :meth:`feed_forward_modules` (what
+  ``model.adapt=frozen_backbone`` and ``head_only`` train, what ``model.lora.mlp`` adapts) and
+  :meth:`lora_target_modules` (the layers ``model.adapt=lora`` adapts; see
+  :mod:`isoprobe.models.adaptation`);
 - :meth:`export` and ``resolved_checkpoint`` (where the weights came from);
 - :meth:`training_memory_bytes` and :meth:`forecast_memory_bytes` (the memory check).
 
@@ -81,6 +85,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 from torch import Tensor, nn
+from transformers.pytorch_utils import Conv1D
 
 from isoprobe.evaluation import ForecastMetrics
 from isoprobe.models.checkpoints import ResolvedCheckpoint
@@ -115,6 +120,8 @@ PROBE_SITES = ("block", "attention")
 ATTENTION_PROJECTIONS = ("q", "k", "v", "o")
 #: the suffix that names a block's cross-attention in records (see :func:`cross_name`)
 CROSS_SUFFIX = ".cross"
+#: the layer types LoRA adapts (GPT-2's projections are transformers' Conv1D, ``y = x W + b``)
+LINEAR_TYPES = (nn.Linear, Conv1D)
 #: constructor arguments that are code, not settings: kept out of the saved hyperparameters
 _NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
 
@@ -226,6 +233,48 @@ class ForecastModule(L.LightningModule, ABC):
         Kept apart from :meth:`attention_weights` so that code reading only self-attention
         (one entry per block of ``probe_layers``) is unchanged."""
         return {}
+
+    @abstractmethod
+    def input_modules(self) -> list[nn.Module]:
+        """The layers that turn a window into the first block's input: value or patch
+        embeddings, special-token, frequency and absolute position embeddings (everything
+        ``embed`` is made of that has parameters). With :meth:`head_modules`, what
+        ``model.adapt=frozen_backbone`` trains."""
+
+    @abstractmethod
+    def head_modules(self) -> list[nn.Module]:
+        """The output head, from the last block's stream (after its final norm) to the
+        forecast's parameters: what ``model.adapt=head_only`` trains. A head tied to the input
+        embedding (Chronos-T5's, GPT-2's) shares its matrix, which then trains as well."""
+
+    @abstractmethod
+    def feed_forward_modules(self) -> list[nn.Module]:
+        """Every block's feed-forward (MLP) sub-layer: ``model.lora.mlp=true`` adapts the
+        linear layers inside them."""
+
+    def lora_target_modules(
+        self, projections: Sequence[str] = ATTENTION_PROJECTIONS, feed_forward: bool = False
+    ) -> list[nn.Module]:
+        """The layers ``model.adapt=lora`` puts adapters on: the modules that apply the
+        ``projections`` (of :data:`ATTENTION_PROJECTIONS`) of :meth:`attention_weights` (a fused
+        projection's module once, when any of its parts is named: LoRA then adapts all its
+        parts) and, with ``feed_forward``, the linear layers of :meth:`feed_forward_modules`.
+        Read before any adapter is in place. A model whose official LoRA fine-tuning adapts
+        other layers overrides it (Chronos-2)."""
+        owners = {id(p): m for m in self.modules() for p in m.parameters(recurse=False)}
+        found = []
+        for parts in self.attention_weights().values():
+            for part in projections:
+                weight = parts[part]
+                found.append(owners[id(weight if weight._base is None else weight._base)])
+        if feed_forward:
+            found += [
+                m
+                for sublayer in self.feed_forward_modules()
+                for m in sublayer.modules()
+                if isinstance(m, LINEAR_TYPES)
+            ]
+        return list({id(m): m for m in found}.values())
 
     @abstractmethod
     def export(self, directory: str, dtype: str = "float32") -> None:

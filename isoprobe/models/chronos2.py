@@ -22,7 +22,7 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -235,6 +235,34 @@ class Chronos2Module(ForecastModule):
         layers = list(layers)
         self.check_layer_names(layers, "Chronos-2")
         return {name: encoder for name in layers}
+
+    def input_modules(self) -> list[nn.Module]:
+        """The patch embedding (a residual MLP) and the REG/[MASK] embedding."""
+        return [self.model.shared, self.model.input_patch_embedding]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``output_patch_embedding``: each placeholder's output -> its patch's quantiles."""
+        return [self.model.output_patch_embedding]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [block.layer[2] for block in self.model.encoder.block]
+
+    def lora_target_modules(
+        self, projections: Sequence[str] = ATTENTION_PROJECTIONS, feed_forward: bool = False
+    ) -> list[nn.Module]:
+        """What ``Chronos2Pipeline.fit(finetune_mode="lora")`` adapts by default: the
+        ``projections`` of the time and of the group self-attention of every block and the
+        head's ``output_layer``; with ``feed_forward`` also the feed-forward layers."""
+        group = [
+            getattr(block.layer[1].self_attention, part)
+            for block in self.model.encoder.block
+            for part in projections
+        ]
+        return [
+            *super().lora_target_modules(projections, feed_forward),
+            *group,
+            self.model.output_patch_embedding.output_layer,
+        ]
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every block's time self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and

@@ -262,6 +262,18 @@ class ChronosBoltModule(ForecastModule):
         self.check_layer_names(layers, "Chronos-Bolt")
         return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
 
+    def input_modules(self) -> list[nn.Module]:
+        """The patch embedding (a residual MLP) and the REG/decoder-start embedding."""
+        return [self.model.shared, self.model.input_patch_embedding]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``output_patch_embedding``: the decoder's output -> every quantile of every step."""
+        return [self.model.output_patch_embedding]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        blocks = (*self.model.encoder.block, *self.model.decoder.block)
+        return [block.layer[-1] for block in blocks]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
         (``[d_model, H d_kv]``); T5's projections have no bias."""

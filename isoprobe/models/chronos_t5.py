@@ -259,6 +259,17 @@ class ChronosT5Module(ForecastModule):
             layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
         return layers
 
+    def input_modules(self) -> list[nn.Module]:
+        """The token embedding (tied to the head; Chebyshev's fixed one has no parameter)."""
+        return [self.t5.get_input_embeddings()]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``lm_head``, the token logits (tied to the input embedding)."""
+        return [self.t5.lm_head]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [block.layer[-1] for block in (*self.t5.encoder.block, *self.t5.decoder.block)]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
         (``[d_model, H d_kv]``); T5's projections have no bias."""

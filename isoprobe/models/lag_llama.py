@@ -438,6 +438,17 @@ class LagLlamaModule(ForecastModule):
         self.check_layer_names(layers, "Lag-Llama")
         return {name: observed for name in layers}
 
+    def input_modules(self) -> list[nn.Module]:
+        """``wte``: the lag features (and loc/scale) of a step -> its token."""
+        return [self.network.transformer["wte"]]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``param_proj``: the Student-t's parameters of every step."""
+        return [self.network.param_proj]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [block.mlp for block in self.network.transformer["h"]]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """``q`` and ``o`` as they are; ``k`` and ``v`` the two halves of the fused ``kv_proj``
         (views, not copies)."""

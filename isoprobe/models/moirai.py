@@ -287,6 +287,17 @@ class MoiraiForecastModule(ForecastModule):
         self.check_layer_names(layers, "Moirai")
         return {name: real for name in layers}
 
+    def input_modules(self) -> list[nn.Module]:
+        """The patch projection (``in_proj``) and the embedding of masked (forecast) patches."""
+        return [self.module.in_proj, self.module.mask_encoding]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``param_proj``: the mixture distribution's parameters of every patch."""
+        return [self.module.param_proj]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [layer.ffn for layer in self.module.encoder.layers]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every layer's ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` weights (no bias;
         Moirai 1.x has as many key/value groups as heads, so all are [d_model, d_model]). The

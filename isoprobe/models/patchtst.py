@@ -170,6 +170,18 @@ class PatchTSTModule(ForecastModule):
             name: patches if name.endswith(".attn") else patches.unsqueeze(1) for name in layers
         }
 
+    def input_modules(self) -> list[nn.Module]:
+        """The patch embedding and the learned position embedding."""
+        encoder = self.model.model.encoder
+        return [encoder.embedder, encoder.positional_encoder]
+
+    def head_modules(self) -> list[nn.Module]:
+        """The prediction head over the flattened patches (point or distribution)."""
+        return [self.model.head]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [layer.ff for layer in self.model.model.encoder.layers]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every encoder layer's ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` weights
         ``[d_model, d_model]`` (their biases are not part of the matrices)."""

@@ -288,6 +288,17 @@ class TimesFmModule(ForecastModule):
         self.check_layer_names(layers, "TimesFM")
         return {name: real for name in layers}
 
+    def input_modules(self) -> list[nn.Module]:
+        """The patch embedding (a residual MLP) and the frequency embedding."""
+        return [self.model.decoder.input_ff_layer, self.model.decoder.freq_emb]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``horizon_ff_layer``: each patch's output -> the mean and quantiles of what follows."""
+        return [self.model.horizon_ff_layer]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        return [layer.mlp for layer in self.model.decoder.layers]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every layer's ``q_proj``, ``k_proj``, ``v_proj`` and ``o_proj`` weights ([H d_head,
         d_model] and [d_model, H d_head]). TimesFM also scales each query dimension by

@@ -190,6 +190,6 @@ def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> di
             f"ckpt_path={ckpt_path} does not match this model's architecture "
             f"({len(resized)} resized, {len(missing)} missing, {len(unexpected)} unexpected "
             f"parameters; e.g. {'; '.join(details)}). Resume with the same model config "
-            "(and model.checkpoint) as the run that wrote it."
+            "(model.checkpoint, model.adapt) as the run that wrote it."
         )
     return checkpoint.get(CHECKPOINT_KEY, {})

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
+from isoprobe.models.adaptation import adapt_model, check_adapt, merged_export, parameter_counts
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import (
     apply_saved_compression,
@@ -52,10 +53,13 @@ TASKS = ("finetune", "probe", "pretrain", "compress", "analyze")
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
     """The model config with the data module's window lengths, season and frequency; a
     checkpoint directory that ``task=compress`` or a low-rank pretraining wrote gets its factored
-    projections back, and ``model.low_rank.enabled`` factors a model's attention by design."""
+    projections back, and ``model.low_rank.enabled`` factors a model's attention by design;
+    ``model.adapt`` then chooses what training changes (:mod:`isoprobe.models.adaptation`)."""
     kwargs = OmegaConf.to_container(model_cfg, resolve=True)
     kwargs.pop("name", None)
     low_rank = kwargs.pop("low_rank", None) or {}
+    adapt, lora = kwargs.pop("adapt", "full"), kwargs.pop("lora", None)
+    check_adapt(adapt, lora)  # a wrong setting fails before the weights load
     try:
         model = instantiate(
             kwargs,
@@ -76,6 +80,7 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
         saved = apply_saved_compression(model, model.resolved_checkpoint.location)
     if saved is None and low_rank.get("enabled"):
         low_rank_attention(model, low_rank["r_first"], low_rank["r_last"], low_rank["alpha"])
+    adapt_model(model, adapt, lora)
     return model
 
 
@@ -99,6 +104,12 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
         return run_analyze(cfg)
     if cfg.task.name == "compress":
         compress_settings(cfg.compress)  # a wrong setting fails before data and model load
+        if cfg.model.get("adapt", "full") == "lora":
+            raise ValueError(
+                "task=compress truncates the model's own attention projections, which "
+                "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
+                "LoRA run's export, task=pretrain, holds its merged weights)"
+            )
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):
@@ -131,7 +142,18 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
-    run_info = {"resolved_checkpoint": resolved, "data_report": dict(datamodule.report)}
+    counts = parameter_counts(model)
+    log.info(
+        "model.adapt=%s: %d of %d parameters trainable",
+        cfg.model.get("adapt", "full"),
+        counts["trainable_parameters"],
+        counts["total_parameters"],
+    )
+    run_info = {
+        "resolved_checkpoint": resolved,
+        "data_report": dict(datamodule.report),
+        **counts,
+    }
     params = {
         k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
         for k, v in cfg.items()
@@ -200,7 +222,7 @@ def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:
         if model.compression:
             export_compressed(model, model.compression, str(export_dir), dtype)
         else:
-            model.export(str(export_dir), dtype)
+            merged_export(model, str(export_dir), dtype)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         provenance = {
             "command": "python run.py " + " ".join(sys.argv[1:]),

@@ -2,8 +2,8 @@
 built from scratch: layers and sites, token masks (exactly the tokens that carry observed
 values), ``embed`` as the first block's input, hooks, a probe that changes nothing, a finite loss
 and gradients on windows with gaps, forecasts of the right shape and scale drawn from
-``num_samples`` samples, memory estimates within a factor of the measured peak, and
-export/reload."""
+``num_samples`` samples, memory estimates within a factor of the measured peak,
+export/reload, and the input, head and feed-forward modules that model.adapt trains."""
 
 from __future__ import annotations
 
@@ -371,3 +371,24 @@ def test_memory_estimates_are_within_a_factor_of_the_measured_peak(tmp_path, nam
         forecast = weight_bytes(model) + cpu_peak_bytes(lambda: seeded_forecast(model, batch))
     estimate = model.forecast_memory_bytes(MEMORY_BATCH)
     assert within_factor(estimate, forecast), (estimate, forecast)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_input_head_and_feed_forward_modules_are_the_models_own_and_no_attention(tmp_path, name):
+    model = build(tmp_path, name)
+    own = {id(m) for m in model.modules()}
+    attention = {
+        id(w if w._base is None else w._base)
+        for parts in model.attention_weights().values()
+        for w in parts.values()
+    }
+    declared = {
+        "input": model.input_modules(),
+        "head": model.head_modules(),
+        "feed_forward": model.feed_forward_modules(),
+    }
+    for kind, modules in declared.items():
+        parameters = [p for m in modules for p in m.parameters()]
+        assert modules and all(id(m) in own for m in modules), kind
+        assert parameters and not any(id(p) in attention for p in parameters), kind
+    assert len(declared["feed_forward"]) == len(model.attention_weights())  # one per block

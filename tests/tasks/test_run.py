@@ -269,9 +269,10 @@ def train_losses(run_dir) -> pd.Series:
 
 
 @pytest.mark.slow
-def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path):
+@pytest.mark.parametrize("adapt", ["full", "lora"])
+def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path, adapt):
     common = ["model.checkpoint=scratch", "task.evaluate_before=false", "task.evaluate_after=false"]
-    common.append("trainer.log_every_n_steps=1")
+    common += ["trainer.log_every_n_steps=1", f"model.adapt={adapt}"]
     run_tiny(tmp_path / "whole", *common, "trainer.max_epochs=2")
     run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1")
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
@@ -286,6 +287,13 @@ def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path):
     pd.testing.assert_series_equal(
         merged.value_x, merged.value_y, check_names=False, rtol=0, atol=0
     )
+    weights = [
+        torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for run in ("whole", "resumed")
+    ]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert any(".lora_B." in k for k in weights[0]) == (adapt == "lora")
 
 
 def test_resuming_on_other_data_is_refused_unless_allowed(tmp_path):

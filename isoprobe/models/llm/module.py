@@ -388,6 +388,19 @@ class LlmModule(ForecastModule):
         separators = torch.tensor(self.token_map.symbol_ids[COMMA], device=encoded.ids.device)
         return encoded.real & ~torch.isin(encoded.ids, separators)
 
+    def input_modules(self) -> list[nn.Module]:
+        """The token embedding (tied to the head) and, GPT-2, the position embedding."""
+        positions = [self.lm.transformer.wpe] if self.arch == "gpt2" else []
+        return [self.lm.get_input_embeddings(), *positions]
+
+    def head_modules(self) -> list[nn.Module]:
+        """``lm_head``, the token logits (tied to the input embedding)."""
+        return [self.lm.get_output_embeddings()]
+
+    def feed_forward_modules(self) -> list[nn.Module]:
+        blocks = [block for blocks in self._stacks().values() for block in blocks]
+        return [block.mlp if self.arch == "gpt2" else block.layer[-1] for block in blocks]
+
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """GPT-2: ``c_attn`` is a Conv1D whose weight is ``[in, 3 out]`` (``y = x @ W``): q, k, v
         are transposed views of its thirds, o of ``c_proj``'s weight. T5: q, k, v, o as they are."""

@@ -1,0 +1,157 @@
+"""What fine-tuning trains: ``model.adapt`` (:data:`ADAPT_CHOICES`).
+
+- ``full``: every parameter (the default; the model as it was built).
+- ``lora``: low-rank adapters (``peft``'s LoRA) on the layers the model's
+  :meth:`~isoprobe.models.base.ForecastModule.lora_target_modules` names (the self-attention
+  projections of ``model.lora.projections``; with ``model.lora.mlp`` also the feed-forward
+  layers); only the adapters train, every weight of the model stays as it was.
+- ``frozen_backbone``: the input layers (:meth:`input_modules`) and the head
+  (:meth:`head_modules`) train; every block stays as it was.
+- ``head_only``: only the head trains.
+
+An adapted projection's ``weight`` is what it applies, ``W + (alpha / r) B A`` (the adapters
+merged on the fly, :class:`EffectiveLoraLinear`), so ``attention_weights()`` and the rank
+probes read the matrices the model computes with; the forward pass keeps LoRA's own
+``x W^T + (alpha / r) x A^T B^T``. :func:`merged_export` writes the official format with the
+adapters merged into the weights. Checkpoints hold the adapters as ordinary tensors
+(``...lora_A.default.weight``), read with ``weights_only=True`` like every other.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import Linear as LoraLinear
+from torch import Tensor, nn
+
+from isoprobe.models.base import ATTENTION_PROJECTIONS, ForecastModule
+from isoprobe.models.compression import _set_module
+
+ADAPT_CHOICES = ("full", "lora", "frozen_backbone", "head_only")
+
+
+class EffectiveLoraLinear(LoraLinear):
+    """peft's LoRA linear layer whose ``weight`` is the matrix it applies: the base weight plus
+    the active adapters' ``(alpha / r) B A`` (the base weight alone when they are merged or
+    disabled). A computed tensor, not a parameter: readers (rank probes) see the adapted
+    projection; the parameters stay ``base_layer.weight`` and ``lora_A``/``lora_B``."""
+
+    @property
+    def weight(self) -> Tensor:
+        base = self.get_base_layer().weight
+        if self.merged or self.disable_adapters:
+            return base
+        active = [a for a in self.active_adapters if a in self.lora_A]
+        return base + sum(self.get_delta_weight(a) for a in active) if active else base
+
+
+def check_adapt(adapt: str, lora: dict | None = None) -> None:
+    """Refuse an unknown strategy or LoRA projection, naming the choices."""
+    if adapt not in ADAPT_CHOICES:
+        raise ValueError(f"model.adapt must be one of {list(ADAPT_CHOICES)}, got {adapt!r}")
+    projections = (lora or {}).get("projections")
+    if adapt == "lora" and (not projections or set(projections) - set(ATTENTION_PROJECTIONS)):
+        raise ValueError(
+            f"model.lora.projections must be a non-empty subset of "
+            f"{list(ATTENTION_PROJECTIONS)}, got {projections!r}"
+        )
+
+
+def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
+    """The paths in ``model`` of ``modules`` (each once, in the model's order)."""
+    wanted = {id(m) for m in modules}
+    return [name for name, m in model.named_modules() if id(m) in wanted]
+
+
+def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> None:
+    """Make only what ``adapt`` trains trainable, in place (``lora``: ``model.lora``, with
+    ``r``, ``alpha``, ``dropout``, ``projections`` and ``mlp``)."""
+    check_adapt(adapt, lora)
+    if adapt == "full":
+        return
+    if adapt == "lora":
+        if model.compression:
+            raise ValueError(
+                "model.adapt=lora puts adapters on dense attention projections, but this "
+                "model's are factored (model.low_rank.enabled or a compressed checkpoint): "
+                "fine-tune it with model.adapt=full, frozen_backbone or head_only"
+            )
+        _inject_lora(model, lora or {})
+        return
+    modules = model.head_modules()
+    if adapt == "frozen_backbone":
+        modules = [*model.input_modules(), *modules]
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    for module in modules:
+        for parameter in module.parameters():
+            parameter.requires_grad_(True)
+
+
+def lora_config(model: ForecastModule, lora: dict) -> LoraConfig:
+    """The ``peft`` LoRA configuration of ``model.lora`` for ``model``: its target layers by
+    their full paths, rank ``r``, ``lora_alpha`` = ``alpha``, ``lora_dropout`` = ``dropout``."""
+    targets = model.lora_target_modules(tuple(lora["projections"]), bool(lora.get("mlp")))
+    return LoraConfig(
+        r=int(lora["r"]),
+        lora_alpha=float(lora["alpha"]),
+        lora_dropout=float(lora["dropout"]),
+        target_modules=module_paths(model, targets),
+    )
+
+
+def _inject_lora(model: ForecastModule, lora: dict) -> None:
+    inject_adapter_in_model(lora_config(model, lora), model)
+    model.__dict__.pop("peft_config", None)  # peft's record of the config; the run's config has it
+    for module in model.modules():
+        if type(module) is LoraLinear:
+            module.__class__ = EffectiveLoraLinear
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(".lora_" in name)
+
+
+def lora_layers(model: nn.Module) -> dict[str, EffectiveLoraLinear]:
+    """Path -> every LoRA-adapted layer of ``model``."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, EffectiveLoraLinear)}
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    """``trainable_parameters`` (those that require gradients) and ``total_parameters`` (every
+    parameter, adapters included, a tied one once)."""
+    parameters = list(model.parameters())
+    return {
+        "trainable_parameters": sum(p.numel() for p in parameters if p.requires_grad),
+        "total_parameters": sum(p.numel() for p in parameters),
+    }
+
+
+@contextmanager
+def adapters_merged(model: nn.Module) -> Iterator[None]:
+    """Within the block every LoRA layer of ``model`` is replaced by its base layer holding the
+    merged weight ``W + (alpha / r) B A``; afterwards the LoRA layers are back, untouched."""
+    layers = lora_layers(model)
+    for path, layer in layers.items():
+        _set_module(model, path, _merged_base(layer))
+    try:
+        yield
+    finally:
+        for path, layer in layers.items():
+            _set_module(model, path, layer)
+
+
+def _merged_base(layer: EffectiveLoraLinear) -> nn.Module:
+    base = copy.deepcopy(layer.get_base_layer())
+    with torch.no_grad():
+        base.weight.copy_(layer.weight)
+    return base
+
+
+def merged_export(model: ForecastModule, directory: str, dtype: str = "float32") -> None:
+    """``model.export`` with the LoRA adapters merged into the weights (the official format,
+    which loads without ``peft``); a model without adapters exports as it is."""
+    with adapters_merged(model):
+        model.export(directory, dtype)

@@ -1,0 +1,194 @@
+"""model.adapt (isoprobe.models.adaptation) on every configs/model/*.yaml: what each strategy
+trains, LoRA's adapters on the declared layers (probes and ``attention_weights()`` see the
+adapted model), the merged export that reloads with identical forecasts, and Chronos-2's LoRA
+equal to chronos-forecasting's own ``Chronos2Pipeline.fit(finetune_mode="lora")``."""
+
+from __future__ import annotations
+
+import peft
+import pytest
+import torch
+from chronos import ChronosBoltPipeline
+from chronos.chronos2 import Chronos2Pipeline
+from isoprobe.callbacks.collect import _capture_outputs
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from isoprobe.models.adaptation import (
+    adapters_merged,
+    lora_layers,
+    merged_export,
+    module_paths,
+    parameter_counts,
+)
+from isoprobe.models.base import LINEAR_TYPES
+from tests.models.test_contract import MODELS, build, make_batch, seeded_forecast
+
+
+def adapted(tmp_path, name: str, adapt: str, *overrides: str, checkpoint: str = "scratch"):
+    return build(tmp_path, name, checkpoint, [f"model.adapt={adapt}", *overrides])
+
+
+def perturb_adapters(model: nn.Module) -> None:
+    """Non-zero ``B`` (LoRA starts at B = 0, the identity), as after some training."""
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            for b in layer.lora_B.values():
+                b.weight.copy_(0.05 * torch.randn(b.weight.shape, generator=g))
+
+
+def trainable(model: nn.Module) -> set[str]:
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def parameter_names(model: nn.Module, modules: list[nn.Module]) -> set[str]:
+    """The names (in ``model``) of the parameters of ``modules``; a tied one by every name."""
+    ids = {id(p) for m in modules for p in m.parameters()}
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("adapt", ["frozen_backbone", "head_only"])
+def test_frozen_strategies_train_exactly_the_declared_modules(tmp_path, name, adapt):
+    model = adapted(tmp_path, name, adapt)
+    declared = model.head_modules()
+    if adapt == "frozen_backbone":
+        declared = [*model.input_modules(), *declared]
+    expected = parameter_names(model, declared) & trainable(model)
+    assert trainable(model) == expected and expected
+    counts = parameter_counts(model)
+    assert 0 < counts["trainable_parameters"] < counts["total_parameters"]
+    assert counts["total_parameters"] == parameter_counts(build(tmp_path, name))["total_parameters"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_lora_adapts_the_declared_layers_and_trains_only_the_adapters(tmp_path, name):
+    model, reference = adapted(tmp_path, name, "lora"), build(tmp_path, name)
+    targets = module_paths(reference, reference.lora_target_modules())
+    assert sorted(lora_layers(model)) == sorted(targets) and targets
+    names = trainable(model)
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
+    assert parameter_counts(model)["trainable_parameters"] == sum(
+        layer.r["default"] * sum(layer.get_base_layer().weight.shape)
+        for layer in lora_layers(model).values()
+    )
+    with_mlp = adapted(tmp_path, name, "lora", "model.lora.mlp=true", "model.lora.projections=[q]")
+    feed_forward = [
+        m
+        for ff in reference.feed_forward_modules()
+        for m in ff.modules()
+        if isinstance(m, LINEAR_TYPES)
+    ]
+    assert set(module_paths(reference, feed_forward)) <= set(lora_layers(with_mlp))
+
+
+def applied(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x`` through a layer holding ``layer.weight`` (Conv1D's is [in, out])."""
+    base = layer.get_base_layer()
+    if isinstance(base, Conv1D):
+        return x @ layer.weight + base.bias
+    return nn.functional.linear(x, layer.weight, base.bias)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_probes_and_attention_weights_see_the_adapted_model(tmp_path, name):
+    model, reference = adapted(tmp_path, name, "lora"), build(tmp_path, name)
+    perturb_adapters(model)
+    for path, layer in lora_layers(model).items():
+        base = layer.get_base_layer()
+        x = torch.randn(3, base.weight.shape[0 if isinstance(base, Conv1D) else 1])
+        torch.testing.assert_close(layer(x), applied(layer, x), msg=path)
+    adapted_weights, base_weights = model.attention_weights(), reference.attention_weights()
+    assert list(adapted_weights) == list(base_weights)
+    for block, parts in adapted_weights.items():
+        for part, weight in parts.items():
+            assert weight.shape == base_weights[block][part].shape
+            assert not torch.equal(weight, base_weights[block][part]), (block, part)
+    for site in ("block", "attention"):
+        layers = model.probe_layers(site)
+        with torch.no_grad(), _capture_outputs(layers) as captured:
+            model.probe_forward(make_batch())
+        assert all(len(outputs) == 1 for outputs in captured.values()), site
+        assert set(model.token_masks(make_batch(), list(layers))) == set(layers)
+    with torch.no_grad(), _capture_outputs(model.probe_layers()) as adapted_out:
+        model.probe_forward(make_batch())
+    with torch.no_grad(), _capture_outputs(reference.probe_layers()) as base_out:
+        reference.probe_forward(make_batch())
+    last = list(adapted_out)[-1]
+    assert not torch.equal(adapted_out[last][0], base_out[last][0])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_lora_export_is_merged_and_reloads_with_the_same_forecasts(tmp_path, name):
+    """The export holds the merged weights exactly; forecasts agree to float rounding (the
+    same weights at another address may take another BLAS path, so not always bitwise)."""
+    model = adapted(tmp_path, name, "lora")
+    perturb_adapters(model)
+    batch = make_batch()
+    merged_export(model, str(tmp_path / "export"))
+    assert lora_layers(model)  # the adapters are back after the export
+    reloaded = build(tmp_path, name, checkpoint=str(tmp_path / "export"))
+    assert not lora_layers(reloaded)
+    with adapters_merged(model):
+        merged = model.state_dict()
+        expected = seeded_forecast(model, batch)
+    assert merged.keys() == reloaded.state_dict().keys()
+    assert all(torch.equal(merged[k], v) for k, v in reloaded.state_dict().items())
+    again = seeded_forecast(reloaded, batch)
+    torch.testing.assert_close(again.quantiles, expected.quantiles, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(again.median, expected.median, rtol=1e-5, atol=1e-4)
+    adapters = seeded_forecast(model, batch)  # computed as LoRA computes, unmerged
+    torch.testing.assert_close(again.median, adapters.median, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(again.median, seeded_forecast(build(tmp_path, name), batch).median)
+
+
+@pytest.mark.parametrize(
+    "name, pipeline", [("chronos_bolt", ChronosBoltPipeline), ("chronos2", Chronos2Pipeline)]
+)
+def test_the_official_pipeline_reads_the_merged_lora_export(tmp_path, name, pipeline):
+    model = adapted(tmp_path, name, "lora")
+    perturb_adapters(model)
+    merged_export(model, str(tmp_path / "export"))
+    context = list(make_batch()["context"][1:])  # whole windows
+    official = pipeline.from_pretrained(str(tmp_path / "export")).predict(context, 8)
+    with adapters_merged(model):
+        in_memory = pipeline(model.model).predict(context, 8)
+    for a, b in zip(official, in_memory, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+class Wrapped(Exception):
+    """Stops Chronos2Pipeline.fit once it has wrapped its model for LoRA."""
+
+
+def test_chronos2_lora_trains_what_the_official_lora_fit_trains(tmp_path, monkeypatch):
+    model = adapted(tmp_path, "chronos2", "lora", checkpoint="bundled")
+    pipeline = Chronos2Pipeline(build(tmp_path, "chronos2", "bundled").model)
+    wrapped = {}
+
+    def wrap_and_stop(inner, config, *args, **kwargs):
+        wrapped["model"] = real(inner, config, *args, **kwargs)
+        raise Wrapped
+
+    real = peft.get_peft_model
+    monkeypatch.setattr(peft, "get_peft_model", wrap_and_stop)
+    with pytest.raises(Wrapped):
+        pipeline.fit([torch.randn(200)], prediction_length=16, finetune_mode="lora")
+    official = {n.removeprefix("base_model.model.") for n in trainable(wrapped["model"])}
+    assert {n.removeprefix("model.") for n in trainable(model)} == official
+    assert wrapped["model"].get_nb_trainable_parameters()[0] == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
+
+
+def test_an_unknown_strategy_or_projection_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"model.adapt must be one of \['full', 'lora'"):
+        adapted(tmp_path, "patchtst", "everything")
+    with pytest.raises(ValueError, match=r"model.lora.projections .* got \['x'\]"):
+        adapted(tmp_path, "patchtst", "lora", "model.lora.projections=[x]")
+
+
+def test_lora_on_factored_projections_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="model.adapt=lora .* factored"):
+        adapted(tmp_path, "patchtst", "lora", "model.low_rank.enabled=true")
