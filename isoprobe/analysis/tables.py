@@ -1,14 +1,59 @@
-"""The report's tables of runs that are compared by their forecasts alone: the same setting
-over several seeds (low-rank pretraining, the rank-structure paper's table 3)."""
+"""The report's tables that compare settings rather than correlate: the forecast of the same
+setting over several seeds (low-rank pretraining, the rank-structure paper's table 3), and how
+far training moved the geometry under each setting (adaptation strategies, regulariser
+weights)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from isoprobe.analysis.correlations import geometry_at
 from isoprobe.analysis.study import Study
 
 #: run-table columns that describe a run but are not a setting to compare
 NOT_SETTINGS = ("run", "seed", "domain")
+
+
+def swept_settings(study: Study) -> list[str]:
+    """The run-table columns that vary across the runs and describe a setting (not the run,
+    its seed, its data set or a forecast metric)."""
+    runs = study.runs
+    return [
+        c
+        for c in runs.columns
+        if c not in (*NOT_SETTINGS, "dataset", "model")
+        and c not in study.forecast_metrics
+        and runs[c].astype(str).nunique() > 1
+    ]
+
+
+def geometry_change(study: Study) -> pd.DataFrame:
+    """Per swept setting (:func:`swept_settings`, else the model) × probe × metric: over the
+    runs probed at more than one epoch, the mean change of the last block's value from the
+    first probed epoch to the last, and the mean absolute change (which setting's geometry
+    moves most). Empty when no run was probed twice."""
+    table = study.table
+    if table.empty:
+        return pd.DataFrame()
+    epochs = table.groupby("run")["epoch"].agg(["min", "max"])
+    trained = epochs.index[epochs["max"] > epochs["min"]]
+    if not len(trained):
+        return pd.DataFrame()
+    first, last = geometry_at(study, "before"), geometry_at(study, "after")
+    keys = [c for c in first.columns if c[2] == "last"]
+    change = last.loc[trained, keys] - first.loc[trained, keys]
+    change.columns = [f"{probe}\t{metric}" for probe, metric, _ in keys]
+    frame = change.rename_axis("run").reset_index().melt("run", value_name="change")
+    frame[["probe", "metric"]] = frame.pop("variable").str.split("\t", expand=True)
+    factors = swept_settings(study) or ["model"]
+    frame = frame.merge(study.runs[["run", *factors]], on="run")
+    grouped = frame.assign(abs_change=frame["change"].abs()).groupby([*factors, "probe", "metric"])
+    result = grouped.agg(
+        runs=("run", "nunique"),
+        mean_change=("change", "mean"),
+        mean_abs_change=("abs_change", "mean"),
+    )
+    return result.reset_index()
 
 
 def forecast_by_setting(study: Study) -> pd.DataFrame:

@@ -3,7 +3,8 @@
 Writes to its own run directory: ``study.csv`` / ``study.parquet`` (the tidy table),
 ``correlations.csv`` (across runs), ``within_run.csv`` and ``within_run_summary.csv`` (over
 epochs, fine-tuning runs), ``forecast_by_setting.csv`` (runs that differ in seed) and
-``compression.csv`` (``task=compress`` runs), ``selection.csv`` (label-free model selection,
+``compression.csv`` (``task=compress`` runs), ``geometry_change.csv`` (how far training moved
+the geometry per swept setting), ``selection.csv`` (label-free model selection,
 :mod:`isoprobe.analysis.selection`), the figures, and ``report.html``; when W&B is
 online, the same table and figures go to one W&B run (``job_type=analysis``) grouped with the
 sweep.
@@ -32,7 +33,7 @@ from isoprobe.analysis.report import write_report
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
-from isoprobe.analysis.tables import forecast_by_setting
+from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,14 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
         written += ["correlations.csv", "within_run_summary.csv", "selection.csv"]
     table.to_csv(output / "correlations.csv", index=False)
     extra = _compared_by_forecast(study, output)
+    moved = geometry_change(study)
+    if not moved.empty:
+        moved.to_csv(output / "geometry_change.csv", index=False)
+        extra["geometry_change.csv"] = (
+            "How far training moved the geometry: the last block's change from the first "
+            "probed epoch to the last, per setting (mean and mean absolute over runs)",
+            moved,
+        )
     drawn += extra.pop("figures")
     written += list(extra)
     if not selection.empty:
@@ -148,6 +157,7 @@ def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
 def _figures(
     study: Study, table: pd.DataFrame, forecast: str, metric: str, output: Path
 ) -> list[tuple[Path, str]]:
+    factor = (swept_settings(study) or ["model"])[0]
     made = [
         (
             figures.papers_form(study, forecast, metric, output / "papers_form.png"),
@@ -163,9 +173,9 @@ def _figures(
         ),
         (
             figures.trajectories(
-                study, list(SHOWN_METRICS[:4]), "model", output / "trajectories.png"
+                study, list(SHOWN_METRICS[:4]), factor, output / "trajectories.png"
             ),
-            "The last layer's metrics over epochs, per run, coloured by model",
+            f"The last layer's metrics over epochs, per run, coloured by {factor}",
         ),
         (
             figures.flow_of_ranks(study, output / "flow_of_ranks.png"),

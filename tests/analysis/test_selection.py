@@ -96,3 +96,30 @@ def test_epochs_of_each_run_are_ranked_by_their_validation_error():
     assert found["tasks"] == 2 and found["spearman"] == pytest.approx(1.0)
     assert found["top1"] == 1.0 and row(summary, "random")["top1"] == pytest.approx(0.25)
     assert np.isfinite(summary["spearman"]).all()
+
+
+def test_geometry_change_per_swept_setting_over_the_runs_that_trained():
+    from isoprobe.analysis.tables import geometry_change
+
+    moves = {("lora", "a"): 0.1, ("lora", "b"): -0.3, ("full", "c"): 0.5, ("full", "d"): 0.7}
+    rows, runs = [], []
+    for (strategy, run), move in moves.items():
+        runs.append({"run": run, "model": "m", "dataset": "d", "model.adapt": strategy})
+        for epoch, value in ((0, 1.0), (1, 1.0 + move / 2), (2, 1.0 + move)):
+            for layer in ("encoder.0", "encoder.1"):
+                rows.append(
+                    {
+                        "run": run,
+                        "probe": "isotropy",
+                        "epoch": epoch,
+                        "layer": layer,
+                        "metric": "cos_inter",
+                        "value": value if layer == "encoder.1" else 0,
+                    }
+                )
+    study = Study(pd.DataFrame(rows), pd.DataFrame(runs), [], pd.DataFrame())
+    table = geometry_change(study).set_index("model.adapt")
+    assert table.loc["lora", "runs"] == 2
+    assert table.loc["lora", "mean_change"] == pytest.approx(-0.1)
+    assert table.loc["lora", "mean_abs_change"] == pytest.approx(0.2)
+    assert table.loc["full", "mean_abs_change"] == pytest.approx(0.6)
