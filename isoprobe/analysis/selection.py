@@ -71,7 +71,8 @@ def _rank_agreement(
 def _summarise(agreement: pd.DataFrame, selection: str, random: bool = True) -> pd.DataFrame:
     """Per predictor over the tasks: how many, the mean ρ and the top-1 rate; with the random
     baseline's expectations (ρ 0, top-1 the mean of 1/k) when ``random``."""
-    if agreement.empty:
+    if agreement.empty or agreement["spearman"].isna().all():
+        # no task had another to learn a direction from: nothing was predicted
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     grouped = agreement.dropna(subset=["spearman"]).groupby("predictor")
     summary = grouped.agg(

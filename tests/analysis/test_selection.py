@@ -123,3 +123,25 @@ def test_geometry_change_per_swept_setting_over_the_runs_that_trained():
     assert table.loc["lora", "mean_change"] == pytest.approx(-0.1)
     assert table.loc["lora", "mean_abs_change"] == pytest.approx(0.2)
     assert table.loc["full", "mean_abs_change"] == pytest.approx(0.6)
+
+
+def test_one_data_set_gives_no_selection_since_no_direction_can_be_learned():
+    one = {"d1": ERRORS["d1"]}
+    rows, runs = [], []
+    for dataset, errors in one.items():
+        for i, error in enumerate(errors):
+            runs.append(
+                {"run": f"m{i}", "model": f"m{i}", "dataset": dataset, "before_test_nmse": error}
+            )
+            rows.append(
+                {
+                    "run": f"m{i}",
+                    "probe": "isotropy",
+                    "epoch": 0,
+                    "layer": "encoder.0",
+                    "metric": "cos_inter",
+                    "value": error,
+                }
+            )
+    study = Study(pd.DataFrame(rows), pd.DataFrame(runs), ["before_test_nmse"], pd.DataFrame())
+    assert models_on_a_data_set(study, "before_test_nmse").empty
