@@ -23,11 +23,13 @@ def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(
         for value in str(values).split(","):
             composed = compose_config(tmp_path, [f"experiment={study}", f"{key}={value}"])
             if key == "model":
-                assert composed.model.name == value.removesuffix("_from_scratch")
+                assert composed.model.name == value.split("/")[-1].removesuffix("_from_scratch")
 
 
 def test_patchtst_from_scratch_trains_inside_a_zero_shot_grid(tmp_path):
-    cfg = compose_config(tmp_path, ["experiment=isotropy/real_grid", "model=patchtst_from_scratch"])
+    cfg = compose_config(
+        tmp_path, ["experiment=isotropy/real_grid", "model=study/patchtst_from_scratch"]
+    )
     assert cfg.task.name == "finetune" and cfg.model.checkpoint == "scratch"
     assert compose_config(tmp_path, ["experiment=isotropy/real_grid"]).task.name == "probe"
 
