@@ -213,9 +213,7 @@ class LagLlamaModule(ForecastModule):
                 (df, mu, sigma), _ = self.network.extend(last, caches)
                 df, mu, sigma = df[:, -1], mu[:, -1], sigma[:, -1]
         paths = values[:, -self.prediction_length :].reshape(size, samples, -1)
-        levels = torch.tensor(self.quantile_levels, dtype=paths.dtype, device=paths.device)
-        quantiles = torch.quantile(paths, levels, dim=1).permute(1, 0, 2)
-        return Forecast(quantiles, self.quantile_levels, paths.median(dim=1).values, paths)
+        return Forecast.from_samples(paths, self.quantile_levels, paths.median(dim=1).values)
 
     # -- probe contract ----------------------------------------------------------------------
 

@@ -216,10 +216,7 @@ class MoiraiForecastModule(ForecastModule):
         batch_size, p = draws.shape[1], self.patch_size
         draws = draws[:, :, self.context_tokens :, :p].reshape(self.num_samples, batch_size, -1)
         samples = draws[..., : self.prediction_length].transpose(0, 1)
-        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.quantile(samples, levels, dim=1).permute(1, 0, 2)
-        median = torch.quantile(samples, 0.5, dim=1)
-        return Forecast(quantiles, self.quantile_levels, median, samples)
+        return Forecast.from_samples(samples, self.quantile_levels)
 
     def probe_forward(self, batch: Batch) -> None:
         """The module's forward on the training sequence (context and [MASK] patches) without

@@ -142,10 +142,7 @@ class PatchTSTModule(ForecastModule):
             quantiles = point.unsqueeze(1).expand(-1, levels, -1).contiguous()
             return Forecast(quantiles, self.quantile_levels, point)
         samples = self._distribution(output).sample((self.num_samples,))[..., 0].transpose(0, 1)
-        grid = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.quantile(samples, grid, dim=1).permute(1, 0, 2)
-        median = torch.quantile(samples, 0.5, dim=1)
-        return Forecast(quantiles, self.quantile_levels, median, samples)
+        return Forecast.from_samples(samples, self.quantile_levels)
 
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
         """``embed``: the patch embedding plus positional encoding [B, C, P, D]; ``encoder.<i>``:

@@ -296,12 +296,10 @@ class LlmModule(ForecastModule):
         generated = self.lm.generate(**kwargs)
         prompt = 1 if self.arch == "t5" else kwargs["input_ids"].shape[1]
         samples = self.read_samples(generated, prompt, q)
-        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.nanquantile(samples, levels, dim=1).permute(1, 0, 2)
-        median = torch.nanquantile(samples, 0.5, dim=1)
+        read = Forecast.from_samples(samples, self.quantile_levels, ignore_nan=True)
         fallback = last_observed(batch["context"]).view(-1, 1).to(samples)
-        quantiles = torch.where(quantiles.isnan(), fallback.unsqueeze(1), quantiles)
-        median = torch.where(median.isnan(), fallback, median)
+        quantiles = torch.where(read.quantiles.isnan(), fallback.unsqueeze(1), read.quantiles)
+        median = torch.where(read.median.isnan(), fallback, read.median)
         return Forecast(quantiles, self.quantile_levels, median, samples)
 
     # ----- probe contract ------------------------------------------------------------------
