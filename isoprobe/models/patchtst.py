@@ -33,6 +33,7 @@ from isoprobe.models.checkpoints import (
     load_pretrained,
     pretrained_config,
     resolve_checkpoint,
+    scratch_fields,
 )
 
 log = logging.getLogger(__name__)
@@ -226,11 +227,10 @@ class PatchTSTModule(ForecastModule):
 
 
 def _size_fields(size: str, sizes: Mapping[str, Mapping[str, Any]] | None) -> Mapping[str, Any]:
-    if sizes is None:
+    fields = scratch_fields(size, sizes)
+    if fields is None:
         raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
+    return fields
 
 
 def _scratch(
