@@ -103,6 +103,25 @@ class Forecast:
     median: Tensor
     samples: Tensor | None = None
 
+    @classmethod
+    def from_samples(
+        cls,
+        samples: Tensor,
+        levels: Sequence[float],
+        median: Tensor | None = None,
+        ignore_nan: bool = False,
+    ) -> Forecast:
+        """The empirical quantiles [B, Q, H] at ``levels`` of ``samples`` [B, S, H] (linear
+        interpolation, ``torch.quantile``) and, unless a ``median`` is given, their 0.5
+        quantile as the median. ``ignore_nan``: ``torch.nanquantile`` instead, which leaves NaN
+        only where a window's step has no sample at all."""
+        quantile = torch.nanquantile if ignore_nan else torch.quantile
+        at = torch.tensor(levels, dtype=samples.dtype, device=samples.device)
+        quantiles = quantile(samples, at, dim=1).permute(1, 0, 2)
+        if median is None:
+            median = quantile(samples, 0.5, dim=1)
+        return cls(quantiles, levels, median, samples)
+
     def rescaled(self, loc: Tensor, scale: Tensor) -> Forecast:
         """The forecast in the data's original units, undoing per-window ``(x - loc) / scale``."""
 

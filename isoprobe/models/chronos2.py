@@ -44,7 +44,7 @@ from isoprobe.models.checkpoints import (
     resolve_checkpoint,
     scratch_fields,
 )
-from isoprobe.models.quantiles import interpolation_matrix
+from isoprobe.models.quantiles import register_level_weights
 
 try:
     from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
@@ -115,16 +115,7 @@ class Chronos2Module(ForecastModule):
         grid = tuple(float(q) for q in config.quantiles)
         if 0.5 not in grid:
             raise CheckpointError(f"Chronos-2 quantiles {grid} lack the median 0.5")
-        outside = [q for q in self.quantile_levels if not grid[0] <= q <= grid[-1]]
-        if outside:
-            log.warning(
-                "quantile levels %s lie outside Chronos-2's %s: they take the nearest end.",
-                outside,
-                grid,
-            )
-        self.register_buffer(
-            "level_weights", interpolation_matrix(self.quantile_levels, grid), persistent=False
-        )
+        register_level_weights(self, grid, "Chronos-2", median=False)
         self.median_index = grid.index(0.5)
         self._install_taps()
         log.info("Chronos-2 weights: %s", self.resolved_checkpoint.describe())

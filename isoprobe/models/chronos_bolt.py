@@ -53,9 +53,9 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
 )
 from isoprobe.models.quantiles import (
-    interpolation_matrix,
     is_evenly_spaced,
     quantiles_of_padded_heads,
+    register_level_weights,
 )
 
 try:
@@ -139,20 +139,7 @@ class ChronosBoltModule(ForecastModule):
                 bolt.prediction_length,
                 bolt.prediction_length,
             )
-        grid = tuple(float(q) for q in bolt.quantiles)
-        outside = [q for q in self.quantile_levels if not grid[0] <= q <= grid[-1]]
-        if outside:
-            log.warning(
-                "quantile levels %s lie outside Chronos-Bolt's %s: they take the nearest end.",
-                outside,
-                grid,
-            )
-        self.register_buffer(
-            "level_weights", interpolation_matrix(self.quantile_levels, grid), persistent=False
-        )
-        self.register_buffer(
-            "median_weights", interpolation_matrix((0.5,), grid)[0], persistent=False
-        )
+        grid = register_level_weights(self, bolt.quantiles, "Chronos-Bolt")
         self.pads_heads = self._pads_heads(grid)
         log.info("Chronos-Bolt weights: %s", self.resolved_checkpoint.describe())
 

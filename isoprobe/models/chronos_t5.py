@@ -240,10 +240,7 @@ class ChronosT5Module(ForecastModule):
         )
         tokens = tokens[:, 1:].reshape(ids.shape[0], num_samples, horizon)
         samples = self.tokenizer.output_transform(tokens.cpu(), scale).to(self.device)
-        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.quantile(samples, levels, dim=1).permute(1, 0, 2)
-        median = torch.quantile(samples, 0.5, dim=1)
-        return Forecast(quantiles, self.quantile_levels, median, samples)
+        return Forecast.from_samples(samples, self.quantile_levels)
 
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
         check_probe_site(site)

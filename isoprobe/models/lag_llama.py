@@ -21,16 +21,10 @@ one to one.
 
 from __future__ import annotations
 
-import collections
-import functools
 import json
 import logging
-import math
-import pickle
-import types
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,13 +40,24 @@ from isoprobe.models.checkpoints import (
     read_safetensors,
     resolve_checkpoint,
 )
+from isoprobe.models.lag_llama_checkpoint import (
+    PickledObject,
+    _AllowListUnpickler,
+    load_official_checkpoint,
+)
+from isoprobe.models.lag_llama_network import (
+    NUM_TIME_FEATURES,
+    OFFICIAL_LAG_FREQUENCIES,
+    SCALINGS,
+    KeyValueCache,
+    LagLlamaNetwork,
+    _require_gluonts,
+    official_lags,
+    window_scale,
+)
 
 log = logging.getLogger(__name__)
 
-#: the frequencies whose gluonts lag sets the official checkpoint was trained with
-OFFICIAL_LAG_FREQUENCIES = ("Q", "M", "W", "D", "h", "min", "s")
-SCALINGS = ("mean", "robust", "none")
-NUM_TIME_FEATURES = 6
 #: the config.json fields that define the architecture (the official ``model_kwargs`` names)
 ARCHITECTURE_FIELDS = (
     "n_layer",
@@ -65,211 +70,6 @@ ARCHITECTURE_FIELDS = (
     "scale_features",
     "rope_base",
 )
-
-
-def _require_gluonts():
-    try:
-        import gluonts.torch.util as util
-        from gluonts.time_feature import get_lags_for_frequency
-    except ImportError as err:
-        raise ImportError(
-            "model=lag_llama needs gluonts for its lag features: pip install 'gluonts[torch]'"
-        ) from err
-    return get_lags_for_frequency, util.lagged_sequence_values
-
-
-@functools.cache
-def official_lags() -> tuple[int, ...]:
-    """The official lag indices (0-based, so index 0 is the current step): the sorted union of
-    gluonts' lags for every frequency Lag-Llama was trained on, each minus one."""
-    get_lags_for_frequency, _ = _require_gluonts()
-    union: set[int] = set()
-    with warnings.catch_warnings():  # pandas' renamed aliases (QE, ME): the same offsets
-        warnings.simplefilter("ignore", FutureWarning)
-        for freq in OFFICIAL_LAG_FREQUENCIES:
-            union.update(get_lags_for_frequency(freq_str=freq, num_default_lags=1))
-    return tuple(sorted(lag - 1 for lag in union))
-
-
-class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * scale``, the mean taken in float32."""
-
-    def __init__(self, size: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        mean_square = x.float().pow(2).mean(dim=-1, keepdim=True)
-        return (self.scale * (x * torch.rsqrt(mean_square + self.eps))).type_as(x)
-
-
-def rotate(x: Tensor, positions: Tensor, base: float) -> Tensor:
-    """Rotary position embedding of ``x`` [B, H, T, d]: the two halves of every head's vector
-    form (x1, x2) pairs rotated by angle ``position * base^(-2i/d)``."""
-    dim = x.shape[-1]
-    inverse = base ** (-torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = positions.float()[:, None] * inverse[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-    first, second = x[..., : dim // 2], x[..., dim // 2 :]
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-class KeyValueCache:
-    """One block's keys and values [N, H, capacity, d] for sequences decoded a step at a time,
-    filled up to ``length``: each step writes its key and value in place (no copy of the past)."""
-
-    def __init__(self, keys: Tensor, values: Tensor, capacity: int, repeats: int) -> None:
-        rows, heads, self.length, dim = keys.shape
-        shape = (rows * repeats, heads, capacity, dim)
-        self.keys, self.values = keys.new_empty(shape), values.new_empty(shape)
-        self.keys[:, :, : self.length] = keys.repeat_interleave(repeats, 0)
-        self.values[:, :, : self.length] = values.repeat_interleave(repeats, 0)
-
-    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Write the new positions' keys and values; the keys and values of every position."""
-        end = self.length + keys.shape[2]
-        self.keys[:, :, self.length : end], self.values[:, :, self.length : end] = keys, values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with a separate query and a fused key/value projection."""
-
-    def __init__(self, width: int, heads: int, rope_base: float) -> None:
-        super().__init__()
-        self.heads, self.rope_base = heads, rope_base
-        self.q_proj = nn.Linear(width, width, bias=False)
-        self.kv_proj = nn.Linear(width, 2 * width, bias=False)
-        self.c_proj = nn.Linear(width, width, bias=False)
-
-    def forward(
-        self, x: Tensor, cache: KeyValueCache | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Attention of the tokens ``x`` [B, T, D] over themselves (causally) and, with a
-        ``cache``, over the earlier positions it holds (to which their keys and values are
-        added); returns the output and the new positions' keys and values [B, H, T, d]."""
-        batch, steps, width = x.shape
-        k, v = self.kv_proj(x).split(width, dim=-1)
-
-        def heads(t: Tensor) -> Tensor:
-            return t.view(batch, steps, self.heads, -1).transpose(1, 2)
-
-        start = 0 if cache is None else cache.length
-        positions = torch.arange(start, start + steps, device=x.device)
-        q = rotate(heads(self.q_proj(x)), positions, self.rope_base)
-        new = rotate(heads(k), positions, self.rope_base), heads(v)
-        keys, values = new if cache is None else cache.append(*new)
-        # a single new token attends to every position so far; several, causally
-        y = F.scaled_dot_product_attention(q, keys, values, is_causal=cache is None and steps > 1)
-        return self.c_proj(y.transpose(1, 2).reshape(batch, steps, width)), new
-
-
-class SwiGLU(nn.Module):
-    """``c_proj(silu(c_fc1 x) * c_fc2 x)``, hidden width 2/3 of 4x, rounded up to 256."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        hidden = 256 * math.ceil(int(8 * width / 3) / 256)
-        self.c_fc1 = nn.Linear(width, hidden, bias=False)
-        self.c_fc2 = nn.Linear(width, hidden, bias=False)
-        self.c_proj = nn.Linear(hidden, width, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(F.silu(self.c_fc1(x)) * self.c_fc2(x))
-
-
-class Block(nn.Module):
-    def __init__(self, width: int, heads: int, rope_base: float) -> None:
-        super().__init__()
-        self.rms_1 = RMSNorm(width)
-        self.attn = CausalSelfAttention(width, heads, rope_base)
-        self.rms_2 = RMSNorm(width)
-        self.mlp = SwiGLU(width)
-
-    def forward(
-        self, x: Tensor, cache: KeyValueCache | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """The block on tokens that follow the positions in ``cache``; also returns the new
-        positions' keys and values (see :class:`CausalSelfAttention`)."""
-        attended, new = self.attn(self.rms_1(x), cache)
-        x = x + attended
-        return x + self.mlp(self.rms_2(x)), new
-
-
-class StudentTHead(nn.Module):
-    """Student-t parameters from the last hidden state: ``df = 2 + softplus``, ``loc``,
-    ``scale = softplus`` (clamped at float eps), as gluonts' ``StudentTOutput``."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.proj = nn.ModuleList([nn.Linear(width, 1) for _ in range(3)])
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        df, loc, scale = (p(x).squeeze(-1) for p in self.proj)
-        eps = torch.finfo(scale.dtype).eps
-        return 2.0 + F.softplus(df), loc, F.softplus(scale).clamp_min(eps)
-
-
-class LagLlamaNetwork(nn.Module):
-    """The transformer and its Student-t head on already-built token features [B, T, F]."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        width = config["n_head"] * config["n_embd_per_head"]
-        time = NUM_TIME_FEATURES if config["time_feat"] else 0
-        features = len(config["lags_seq"]) + 2 + time
-        self.transformer = nn.ModuleDict(
-            {
-                "wte": nn.Linear(features, width),
-                "h": nn.ModuleList(
-                    Block(width, config["n_head"], config["rope_base"])
-                    for _ in range(config["n_layer"])
-                ),
-                "ln_f": RMSNorm(width),
-            }
-        )
-        self.param_proj = StudentTHead(width)
-
-    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Student-t parameters (df, loc, scale) [B, T] of the value after each token."""
-        return self.extend(tokens)[0]
-
-    def extend(
-        self, tokens: Tensor, caches: Sequence[KeyValueCache] | None = None
-    ) -> tuple[tuple[Tensor, Tensor, Tensor], list[tuple[Tensor, Tensor]]]:
-        """:meth:`forward` on ``tokens`` [B, T, F] that follow the positions held in ``caches``
-        (one per block; None at the start), writing their keys and values there; also returns
-        the new positions' keys and values per block, from which :class:`KeyValueCache` starts."""
-        x = self.transformer["wte"](tokens)
-        new = []
-        for i, block in enumerate(self.transformer["h"]):
-            x, keys_values = block(x, None if caches is None else caches[i])
-            new.append(keys_values)
-        return self.param_proj(self.transformer["ln_f"](x)), new
-
-
-def window_scale(values: Tensor, observed: Tensor, scaling: str) -> tuple[Tensor, Tensor]:
-    """The window's (loc, scale) [B, 1] over its observed values: ``mean``: loc 0, scale the
-    mean |x| (gluonts' MeanScaler; the batch's mean where a window is all-missing); ``robust``:
-    the median and the inter-quartile range; ``none``: 0 and 1. Scales are floored at 1e-5."""
-    if scaling == "none":
-        ones = values.new_ones(values.shape[0], 1)
-        return torch.zeros_like(ones), ones
-    weights = observed.to(values.dtype)
-    count = weights.sum(-1, keepdim=True)
-    if scaling == "mean":
-        total = (values.abs() * weights).sum(-1, keepdim=True)
-        default = total.sum() / count.sum().clamp_min(1.0)
-        scale = torch.where(count > 0, total / count.clamp_min(1.0), default)
-        return torch.zeros_like(scale), scale.clamp_min(1e-5)
-    masked = torch.where(observed, values, torch.nan)
-    quartiles = torch.nanquantile(masked, torch.tensor([0.25, 0.5, 0.75]).to(values), dim=-1)
-    loc = torch.nan_to_num(quartiles[1], nan=0.0)[:, None]
-    spread = torch.nan_to_num(quartiles[2] - quartiles[0], nan=1.0)[:, None]
-    return loc, spread.clamp_min(1e-5)
 
 
 class LagLlamaModule(ForecastModule):
@@ -413,9 +213,7 @@ class LagLlamaModule(ForecastModule):
                 (df, mu, sigma), _ = self.network.extend(last, caches)
                 df, mu, sigma = df[:, -1], mu[:, -1], sigma[:, -1]
         paths = values[:, -self.prediction_length :].reshape(size, samples, -1)
-        levels = torch.tensor(self.quantile_levels, dtype=paths.dtype, device=paths.device)
-        quantiles = torch.quantile(paths, levels, dim=1).permute(1, 0, 2)
-        return Forecast(quantiles, self.quantile_levels, paths.median(dim=1).values, paths)
+        return Forecast.from_samples(paths, self.quantile_levels, paths.median(dim=1).values)
 
     # -- probe contract ----------------------------------------------------------------------
 
@@ -519,125 +317,17 @@ def load_matching(network: nn.Module, state: Mapping[str, Tensor], source: str) 
     network.load_state_dict({k: v.float() for k, v in state.items()})
 
 
-class PickledObject:
-    """An inert stand-in for a gluonts class that the official checkpoint pickles in its
-    hyperparameters (its ``distr_output``, its loss): it keeps the arguments and state the pickle
-    gives it and runs no code of the original, so loading needs no gluonts and executes none."""
-
-    qualified_name = ""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.kwargs = args, kwargs
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-@functools.cache
-def _stand_in(module: str, name: str) -> type:
-    return type(name, (PickledObject,), {"qualified_name": f"{module}.{name}"})
-
-
-def _object_new_only(owner: Any, attribute: str) -> Any:
-    """The one ``getattr`` gluonts' pickles use (``object.__new__``); any other is refused."""
-    if owner is object and attribute == "__new__":
-        return object.__new__
-    raise pickle.UnpicklingError(f"getattr({owner!r}, {attribute!r}) is not allowed")
-
-
-#: (module, name) -> what it unpickles as; pickle protocol 2 writes builtins as __builtin__
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("functools", "partial"): functools.partial,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
-    ("torch", "Size"): torch.Size,
-    ("pathlib", "PosixPath"): PurePosixPath,
-    **{
-        (module, name): value
-        for module in ("builtins", "__builtin__")
-        for name, value in (("object", object), ("getattr", _object_new_only), ("set", set))
-    },
-}
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    """Unpickles tensors, containers, primitives, ``_ALLOWED_GLOBALS`` and inert stand-ins for
-    gluonts classes; any other global is refused by name before anything of it runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return _ALLOWED_GLOBALS[module, name]
-        if module == "gluonts" or module.startswith("gluonts."):
-            return _stand_in(module, name)
-        raise pickle.UnpicklingError(
-            f"the checkpoint pickles {module}.{name}, which is not on the allow-list"
-        )
-
-
-def _allow_list_load(file: Any, **kwargs: Any) -> Any:
-    """``pickle.load`` through :class:`_AllowListUnpickler`: ``torch.load`` reads a legacy
-    (non-zip) file's header records with its pickle module's ``load``, so that too must be
-    restricted, or a payload in the first record would run before any tensor is read."""
-    return _AllowListUnpickler(file, **kwargs).load()
-
-
-#: what ``torch.load`` takes as its ``pickle_module``: every read goes through the allow-list
-_allow_list_pickle = types.SimpleNamespace(
-    Unpickler=_AllowListUnpickler, load=_allow_list_load, __name__="isoprobe_allow_list_pickle"
+__all__: Sequence[str] = (
+    "LagLlamaModule",
+    "official_lags",
+    "load_official_checkpoint",
+    # moved to lag_llama_network / lag_llama_checkpoint; importable from here as before
+    "KeyValueCache",
+    "LagLlamaNetwork",
+    "NUM_TIME_FEATURES",
+    "OFFICIAL_LAG_FREQUENCIES",
+    "PickledObject",
+    "SCALINGS",
+    "_AllowListUnpickler",
+    "window_scale",
 )
-
-
-def load_official_checkpoint(path: str) -> tuple[dict, dict]:
-    """Architecture and weights from an official Lightning ``.ckpt``: its
-    ``hyper_parameters["model_kwargs"]`` and its ``state_dict`` without the ``model.`` prefix.
-
-    ``torch.load(weights_only=True)`` cannot read it: gluonts pickles its ``StudentTOutput`` as a
-    call of ``functools.partial(getattr(object, "__new__"), ...)``, which that loader refuses.
-    So it is read by an allow-list unpickler (``_AllowListUnpickler``, the standard library's
-    "restricting globals" recipe): tensors, containers, primitives and inert stand-ins for the
-    gluonts classes; any other global is refused by name and nothing of it runs."""
-    try:
-        ckpt = torch.load(
-            path, map_location="cpu", pickle_module=_allow_list_pickle, weights_only=False
-        )
-    except (pickle.UnpicklingError, AttributeError, TypeError, EOFError, RuntimeError) as err:
-        raise CheckpointError(
-            f"{path} cannot be loaded safely ({err}). model.checkpoint=<file>.ckpt takes the "
-            "official lag-llama.ckpt; other pickled classes are refused on purpose."
-        ) from err
-    kwargs = ckpt.get("hyper_parameters", {}).get("model_kwargs")
-    if kwargs is None or "state_dict" not in ckpt:
-        raise CheckpointError(
-            f"{path} is not a Lag-Llama Lightning checkpoint: it needs hyper_parameters."
-            "model_kwargs and a state_dict"
-        )
-    distribution = kwargs.get("distr_output")
-    if distribution is not None and type(distribution).__name__ != "StudentTOutput":
-        raise CheckpointError(f"{path} uses {type(distribution).__name__}; only Student-t is built")
-    if kwargs.get("rope_scaling"):
-        raise CheckpointError(f"{path} uses rope_scaling={kwargs['rope_scaling']}: not supported")
-    config = {
-        "n_layer": int(kwargs["n_layer"]),
-        "n_head": int(kwargs["n_head"]),
-        "n_embd_per_head": int(kwargs["n_embd_per_head"]),
-        "max_context_length": int(kwargs.get("max_context_length", 2048)),
-        "lags_seq": [int(lag) for lag in kwargs["lags_seq"]],
-        "scaling": kwargs.get("scaling", "robust"),
-        "time_feat": bool(kwargs.get("time_feat", True)),
-        "scale_features": True,
-        "rope_base": 10000.0,
-    }
-    if int(kwargs.get("input_size", 1)) != 1:
-        raise CheckpointError(f"{path} has input_size={kwargs['input_size']}; only 1 is built")
-    if config["scaling"] not in SCALINGS:
-        raise CheckpointError(f"{path} uses scaling={config['scaling']!r}; built: {SCALINGS}")
-    state = {
-        key.removeprefix("model."): value
-        for key, value in ckpt["state_dict"].items()
-        if key.startswith("model.")
-    }
-    return config, state
-
-
-__all__: Sequence[str] = ("LagLlamaModule", "official_lags", "load_official_checkpoint")

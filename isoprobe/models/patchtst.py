@@ -33,6 +33,7 @@ from isoprobe.models.checkpoints import (
     load_pretrained,
     pretrained_config,
     resolve_checkpoint,
+    scratch_fields,
 )
 
 log = logging.getLogger(__name__)
@@ -142,10 +143,7 @@ class PatchTSTModule(ForecastModule):
             quantiles = point.unsqueeze(1).expand(-1, levels, -1).contiguous()
             return Forecast(quantiles, self.quantile_levels, point)
         samples = self._distribution(output).sample((self.num_samples,))[..., 0].transpose(0, 1)
-        grid = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.quantile(samples, grid, dim=1).permute(1, 0, 2)
-        median = torch.quantile(samples, 0.5, dim=1)
-        return Forecast(quantiles, self.quantile_levels, median, samples)
+        return Forecast.from_samples(samples, self.quantile_levels)
 
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
         """``embed``: the patch embedding plus positional encoding [B, C, P, D]; ``encoder.<i>``:
@@ -229,11 +227,10 @@ class PatchTSTModule(ForecastModule):
 
 
 def _size_fields(size: str, sizes: Mapping[str, Mapping[str, Any]] | None) -> Mapping[str, Any]:
-    if sizes is None:
+    fields = scratch_fields(size, sizes)
+    if fields is None:
         raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-    if size not in sizes:
-        raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
-    return sizes[size]
+    return fields
 
 
 def _scratch(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def interpolation_matrix(levels: Sequence[float], grid: Sequence[float]) -> Tensor:
@@ -46,3 +47,31 @@ def quantiles_of_padded_heads(heads: Tensor, levels: Sequence[float]) -> Tensor:
     padded = torch.cat([heads[:, :1], heads, heads[:, -1:]], dim=1)
     at = torch.tensor(levels, dtype=heads.dtype, device=heads.device)
     return torch.quantile(padded, at, dim=1).transpose(0, 1)
+
+
+def register_level_weights(
+    module: nn.Module, native: Iterable[float], model_name: str, median: bool = True
+) -> tuple[float, ...]:
+    """Map a model's native quantile levels ``native`` (ascending) to the levels
+    ``module.quantile_levels`` a run asks for: registers the non-persistent buffer
+    ``level_weights`` (:func:`interpolation_matrix` of those levels on the grid) and, with
+    ``median``, ``median_weights`` (the 0.5 level's row), and warns, on the logger of the
+    module's own file, of levels outside the grid (they take the nearest end). Returns the grid
+    as a tuple of floats."""
+    grid = tuple(float(q) for q in native)
+    outside = [q for q in module.quantile_levels if not grid[0] <= q <= grid[-1]]
+    if outside:
+        logging.getLogger(type(module).__module__).warning(
+            "quantile levels %s lie outside %s's %s: they take the nearest end.",
+            outside,
+            model_name,
+            grid,
+        )
+    module.register_buffer(
+        "level_weights", interpolation_matrix(module.quantile_levels, grid), persistent=False
+    )
+    if median:
+        module.register_buffer(
+            "median_weights", interpolation_matrix((0.5,), grid)[0], persistent=False
+        )
+    return grid

@@ -40,7 +40,7 @@ from isoprobe.models.checkpoints import (
     resolve_checkpoint,
     scratch_fields,
 )
-from isoprobe.models.quantiles import interpolation_matrix
+from isoprobe.models.quantiles import register_level_weights
 
 try:
     from transformers import TimesFmConfig, TimesFmModelForPrediction
@@ -179,20 +179,7 @@ class TimesFmModule(ForecastModule):
                 config.context_length,
                 config.context_length,
             )
-        grid = tuple(float(q) for q in config.quantiles)
-        outside = [q for q in self.quantile_levels if not grid[0] <= q <= grid[-1]]
-        if outside:
-            log.warning(
-                "quantile levels %s lie outside TimesFM's %s: they take the nearest end.",
-                outside,
-                grid,
-            )
-        self.register_buffer(
-            "level_weights", interpolation_matrix(self.quantile_levels, grid), persistent=False
-        )
-        self.register_buffer(
-            "median_weights", interpolation_matrix((0.5,), grid)[0], persistent=False
-        )
+        register_level_weights(self, config.quantiles, "TimesFM")
         log.info("TimesFM weights: %s", self.resolved_checkpoint.describe())
 
     # ----------------------------------------------------------------- inputs and decoding

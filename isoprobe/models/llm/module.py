@@ -14,28 +14,13 @@ import copy
 import dataclasses
 import json
 import logging
-import math
-import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
-from transformers import (
-    AutoTokenizer,
-    GenerationConfig,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    StoppingCriteria,
-    StoppingCriteriaList,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from isoprobe.models.base import (
     ATTENTION_PROJECTIONS,
@@ -45,29 +30,14 @@ from isoprobe.models.base import (
     check_probe_site,
     t5_cross_attention_weights,
 )
-from isoprobe.models.checkpoints import (
-    CheckpointError,
-    ResolvedCheckpoint,
-    pickled_weights_error,
-    pretrained_config,
-    resolve_checkpoint,
-)
-from isoprobe.models.llm.serialization import (
-    COMMA,
-    DIGITS,
-    MINUS,
-    CharVocabulary,
-    Serializer,
-    TokenMap,
-)
+from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint
+from isoprobe.models.llm.grammar import NumberGrammar, StopAfterValues
+from isoprobe.models.llm.loading import ARCHITECTURES, HUB_IDS, SERIALIZER_KEY, load_lm
+from isoprobe.models.llm.serialization import COMMA, CharVocabulary, Serializer
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-ARCHITECTURES = {"gpt2": GPT2LMHeadModel, "t5": T5ForConditionalGeneration}
-HUB_IDS = {"gpt2": "openai-community/gpt2", "t5": "google-t5/t5-small"}
-#: the config.json field that records the serialisation a checkpoint was trained with
-SERIALIZER_KEY = "isoprobe_llmtime"
 
 
 @dataclasses.dataclass
@@ -130,7 +100,7 @@ class LlmModule(ForecastModule):
                 )
             scratch = dict(sizes[arch][size])
         self.serializer = Serializer(precision, max_digits, alpha)
-        self.lm, self.vocabulary, self.token_map = _load(
+        self.lm, self.vocabulary, self.token_map = load_lm(
             self.resolved_checkpoint, arch, scratch, self.serializer
         )
         saved = getattr(self.lm.config, SERIALIZER_KEY, None)
@@ -326,12 +296,10 @@ class LlmModule(ForecastModule):
         generated = self.lm.generate(**kwargs)
         prompt = 1 if self.arch == "t5" else kwargs["input_ids"].shape[1]
         samples = self.read_samples(generated, prompt, q)
-        levels = torch.tensor(self.quantile_levels, dtype=samples.dtype, device=samples.device)
-        quantiles = torch.nanquantile(samples, levels, dim=1).permute(1, 0, 2)
-        median = torch.nanquantile(samples, 0.5, dim=1)
+        read = Forecast.from_samples(samples, self.quantile_levels, ignore_nan=True)
         fallback = last_observed(batch["context"]).view(-1, 1).to(samples)
-        quantiles = torch.where(quantiles.isnan(), fallback.unsqueeze(1), quantiles)
-        median = torch.where(median.isnan(), fallback, median)
+        quantiles = torch.where(read.quantiles.isnan(), fallback.unsqueeze(1), read.quantiles)
+        median = torch.where(read.median.isnan(), fallback, read.median)
         return Forecast(quantiles, self.quantile_levels, median, samples)
 
     # ----- probe contract ------------------------------------------------------------------
@@ -494,140 +462,3 @@ def last_observed(context: Tensor) -> Tensor:
     last = index.max(dim=1).values
     value = context.gather(1, last.clamp(min=0).view(-1, 1)).squeeze(1)
     return torch.where(last >= 0, value, torch.zeros_like(value))
-
-
-class NumberGrammar(LogitsProcessor):
-    """Sampling constrained to well-formed values: after ``,`` (or the decoder start) a digit or
-    ``-``; after ``-`` a digit; after a digit another digit (fewer than ``max_digits`` in a row)
-    or ``,``. Every other token's score is -inf, so every sample reads back."""
-
-    def __init__(self, token_map: TokenMap, max_digits: int) -> None:
-        ids = token_map.symbol_ids
-        self.digits = torch.tensor([ids[d][0] for d in DIGITS])
-        self.comma, self.minus = ids[COMMA][0], ids[MINUS][0]
-        self.max_digits = max_digits
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        digits = self.digits.to(input_ids.device)
-        is_digit = torch.isin(input_ids[:, -self.max_digits :], digits)
-        run = is_digit.flip(1).long().cumprod(1).sum(1)  # trailing digits
-        last = input_ids[:, -1]
-        allowed = torch.zeros_like(scores, dtype=torch.bool)
-        after_digit = run > 0
-        allowed[:, digits] = (~after_digit | (run < self.max_digits)).unsqueeze(1)
-        allowed[:, self.comma] = after_digit
-        allowed[:, self.minus] = ~after_digit & (last != self.minus)
-        return scores.masked_fill(~allowed, -math.inf)
-
-
-class StopAfterValues(StoppingCriteria):
-    """A sequence is done once it has written ``steps`` separators after the prompt."""
-
-    def __init__(self, comma: int, steps: int, prompt_length: int, seq2seq: bool) -> None:
-        self.comma, self.steps = comma, steps
-        self.start = 1 if seq2seq else prompt_length
-
-    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs: Any) -> Tensor:
-        return (input_ids[:, self.start :] == self.comma).sum(1) >= self.steps
-
-
-def _load(
-    resolved: ResolvedCheckpoint,
-    arch: str,
-    scratch: dict[str, Any] | None,
-    serializer: Serializer,
-) -> tuple[PreTrainedModel, Any, TokenMap]:
-    """The model, its vocabulary (isoprobe's or the hub tokenizer) and the symbol map."""
-    model_class = ARCHITECTURES[arch]
-    if resolved.kind == "scratch":
-        vocabulary = CharVocabulary()
-        token_map = TokenMap.from_vocabulary(vocabulary)
-        special = {"pad_token_id": token_map.pad_id, "eos_token_id": token_map.eos_id}
-        if arch == "gpt2":
-            config = GPT2Config(**scratch, vocab_size=len(vocabulary), bos_token_id=None, **special)
-        else:
-            config = T5Config(
-                **scratch, vocab_size=len(vocabulary), decoder_start_token_id=0, **special
-            )
-        setattr(config, SERIALIZER_KEY, dataclasses.asdict(serializer))
-        return model_class(config), vocabulary, token_map
-    source = resolved.location
-    config = pretrained_config(
-        source, "model=llm loads GPT-2 and T5 checkpoints (config.json + model.safetensors)."
-    )
-    if config.model_type != arch:
-        raise CheckpointError(
-            f"{source} holds a {config.model_type!r} model but model.arch={arch}: set "
-            f"model.arch={config.model_type} if it is gpt2 or t5, or pick a {arch} checkpoint."
-        )
-    vocabulary, token_map = _vocabulary(source)
-    if resolved.kind != "hub":
-        _check_shapes(Path(source), model_class(config))
-    try:
-        model, info = model_class.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
-        ) from err
-    except pickle.UnpicklingError as err:
-        raise pickled_weights_error(source, err) from None
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    if missing or info["unexpected_keys"]:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: missing {missing[:3]}, "
-            f"unexpected {sorted(info['unexpected_keys'])[:3]}. Re-export the model."
-        )
-    vocab_rows = model.get_input_embeddings().weight.shape[0]
-    largest = max(max(ids) for ids in token_map.symbol_ids.values())
-    if largest >= vocab_rows:
-        raise CheckpointError(
-            f"the tokenizer in {source} uses token id {largest}, but the model's embedding has "
-            f"{vocab_rows} rows: tokenizer and weights belong to different checkpoints."
-        )
-    # from_pretrained returns eval mode; fine-tuning needs dropout
-    return model.train(), vocabulary, token_map
-
-
-def _vocabulary(source: str) -> tuple[Any, TokenMap]:
-    """isoprobe's character vocabulary when the directory has its file, else the hub
-    tokenizer (GPT-2's BPE, T5's SentencePiece) through AutoTokenizer."""
-    path = Path(source) / CharVocabulary.FILE
-    if path.is_file():
-        vocabulary = CharVocabulary(json.loads(path.read_text())["tokens"])
-        return vocabulary, TokenMap.from_vocabulary(vocabulary)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(
-            f"{source} has no tokenizer: neither isoprobe's {CharVocabulary.FILE} nor Hugging "
-            f"Face tokenizer files ({err}). Save the tokenizer next to the weights."
-        ) from err
-    try:
-        return tokenizer, TokenMap.from_tokenizer(tokenizer, source)
-    except ValueError as err:
-        raise CheckpointError(str(err)) from err
-
-
-def _check_shapes(directory: Path, model: PreTrainedModel) -> None:
-    """Name the first tensor whose shape in ``model.safetensors`` differs from the model that
-    ``config.json`` describes (transformers would only say that loading failed)."""
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        return
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    try:
-        with safe_open(str(weights), framework="pt") as file:
-            for name in file.keys():
-                found = tuple(file.get_slice(name).get_shape())
-                if name in expected and expected[name] != found:
-                    raise CheckpointError(
-                        f"the tensor {name} in {weights} has shape {found}, but config.json "
-                        f"describes {expected[name]}: the weights belong to another shape. "
-                        "Re-export the model or fix config.json."
-                    )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {directory} cannot be read ({err}): it is truncated or corrupt."
-        ) from err

@@ -1,0 +1,138 @@
+"""The official Lag-Llama Lightning ``.ckpt`` read safely: an allow-list unpickler (tensors,
+containers, primitives and inert stand-ins for gluonts classes; any other global is refused by
+name before anything of it runs) and :func:`load_official_checkpoint`."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import pickle
+import types
+from pathlib import PurePosixPath
+from typing import Any
+
+import torch
+
+from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.lag_llama_network import SCALINGS
+
+
+class PickledObject:
+    """An inert stand-in for a gluonts class that the official checkpoint pickles in its
+    hyperparameters (its ``distr_output``, its loss): it keeps the arguments and state the pickle
+    gives it and runs no code of the original, so loading needs no gluonts and executes none."""
+
+    qualified_name = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+@functools.cache
+def _stand_in(module: str, name: str) -> type:
+    return type(name, (PickledObject,), {"qualified_name": f"{module}.{name}"})
+
+
+def _object_new_only(owner: Any, attribute: str) -> Any:
+    """The one ``getattr`` gluonts' pickles use (``object.__new__``); any other is refused."""
+    if owner is object and attribute == "__new__":
+        return object.__new__
+    raise pickle.UnpicklingError(f"getattr({owner!r}, {attribute!r}) is not allowed")
+
+
+#: (module, name) -> what it unpickles as; pickle protocol 2 writes builtins as __builtin__
+_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("functools", "partial"): functools.partial,
+    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
+    ("torch", "Size"): torch.Size,
+    ("pathlib", "PosixPath"): PurePosixPath,
+    **{
+        (module, name): value
+        for module in ("builtins", "__builtin__")
+        for name, value in (("object", object), ("getattr", _object_new_only), ("set", set))
+    },
+}
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """Unpickles tensors, containers, primitives, ``_ALLOWED_GLOBALS`` and inert stand-ins for
+    gluonts classes; any other global is refused by name before anything of it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return _ALLOWED_GLOBALS[module, name]
+        if module == "gluonts" or module.startswith("gluonts."):
+            return _stand_in(module, name)
+        raise pickle.UnpicklingError(
+            f"the checkpoint pickles {module}.{name}, which is not on the allow-list"
+        )
+
+
+def _allow_list_load(file: Any, **kwargs: Any) -> Any:
+    """``pickle.load`` through :class:`_AllowListUnpickler`: ``torch.load`` reads a legacy
+    (non-zip) file's header records with its pickle module's ``load``, so that too must be
+    restricted, or a payload in the first record would run before any tensor is read."""
+    return _AllowListUnpickler(file, **kwargs).load()
+
+
+#: what ``torch.load`` takes as its ``pickle_module``: every read goes through the allow-list
+_allow_list_pickle = types.SimpleNamespace(
+    Unpickler=_AllowListUnpickler, load=_allow_list_load, __name__="isoprobe_allow_list_pickle"
+)
+
+
+def load_official_checkpoint(path: str) -> tuple[dict, dict]:
+    """Architecture and weights from an official Lightning ``.ckpt``: its
+    ``hyper_parameters["model_kwargs"]`` and its ``state_dict`` without the ``model.`` prefix.
+
+    ``torch.load(weights_only=True)`` cannot read it: gluonts pickles its ``StudentTOutput`` as a
+    call of ``functools.partial(getattr(object, "__new__"), ...)``, which that loader refuses.
+    So it is read by an allow-list unpickler (``_AllowListUnpickler``, the standard library's
+    "restricting globals" recipe): tensors, containers, primitives and inert stand-ins for the
+    gluonts classes; any other global is refused by name and nothing of it runs."""
+    try:
+        ckpt = torch.load(
+            path, map_location="cpu", pickle_module=_allow_list_pickle, weights_only=False
+        )
+    except (pickle.UnpicklingError, AttributeError, TypeError, EOFError, RuntimeError) as err:
+        raise CheckpointError(
+            f"{path} cannot be loaded safely ({err}). model.checkpoint=<file>.ckpt takes the "
+            "official lag-llama.ckpt; other pickled classes are refused on purpose."
+        ) from err
+    kwargs = ckpt.get("hyper_parameters", {}).get("model_kwargs")
+    if kwargs is None or "state_dict" not in ckpt:
+        raise CheckpointError(
+            f"{path} is not a Lag-Llama Lightning checkpoint: it needs hyper_parameters."
+            "model_kwargs and a state_dict"
+        )
+    distribution = kwargs.get("distr_output")
+    if distribution is not None and type(distribution).__name__ != "StudentTOutput":
+        raise CheckpointError(f"{path} uses {type(distribution).__name__}; only Student-t is built")
+    if kwargs.get("rope_scaling"):
+        raise CheckpointError(f"{path} uses rope_scaling={kwargs['rope_scaling']}: not supported")
+    config = {
+        "n_layer": int(kwargs["n_layer"]),
+        "n_head": int(kwargs["n_head"]),
+        "n_embd_per_head": int(kwargs["n_embd_per_head"]),
+        "max_context_length": int(kwargs.get("max_context_length", 2048)),
+        "lags_seq": [int(lag) for lag in kwargs["lags_seq"]],
+        "scaling": kwargs.get("scaling", "robust"),
+        "time_feat": bool(kwargs.get("time_feat", True)),
+        "scale_features": True,
+        "rope_base": 10000.0,
+    }
+    if int(kwargs.get("input_size", 1)) != 1:
+        raise CheckpointError(f"{path} has input_size={kwargs['input_size']}; only 1 is built")
+    if config["scaling"] not in SCALINGS:
+        raise CheckpointError(f"{path} uses scaling={config['scaling']!r}; built: {SCALINGS}")
+    state = {
+        key.removeprefix("model."): value
+        for key, value in ckpt["state_dict"].items()
+        if key.startswith("model.")
+    }
+    return config, state

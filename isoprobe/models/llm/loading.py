@@ -1,0 +1,137 @@
+"""Loading :class:`~isoprobe.models.llm.LlmModule`'s language model: a scratch GPT-2 / T5 on
+isoprobe's character vocabulary, or a checkpoint directory / hub id with its tokenizer, checked
+against its config.json (shapes, missing keys, token ids beyond the embedding)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from transformers import (
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+    T5Config,
+    T5ForConditionalGeneration,
+)
+
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    pickled_weights_error,
+    pretrained_config,
+)
+from isoprobe.models.llm.serialization import CharVocabulary, Serializer, TokenMap
+
+ARCHITECTURES = {"gpt2": GPT2LMHeadModel, "t5": T5ForConditionalGeneration}
+HUB_IDS = {"gpt2": "openai-community/gpt2", "t5": "google-t5/t5-small"}
+#: the config.json field that records the serialisation a checkpoint was trained with
+SERIALIZER_KEY = "isoprobe_llmtime"
+
+
+def load_lm(
+    resolved: ResolvedCheckpoint,
+    arch: str,
+    scratch: dict[str, Any] | None,
+    serializer: Serializer,
+) -> tuple[PreTrainedModel, Any, TokenMap]:
+    """The model, its vocabulary (isoprobe's or the hub tokenizer) and the symbol map."""
+    model_class = ARCHITECTURES[arch]
+    if resolved.kind == "scratch":
+        vocabulary = CharVocabulary()
+        token_map = TokenMap.from_vocabulary(vocabulary)
+        special = {"pad_token_id": token_map.pad_id, "eos_token_id": token_map.eos_id}
+        if arch == "gpt2":
+            config = GPT2Config(**scratch, vocab_size=len(vocabulary), bos_token_id=None, **special)
+        else:
+            config = T5Config(
+                **scratch, vocab_size=len(vocabulary), decoder_start_token_id=0, **special
+            )
+        setattr(config, SERIALIZER_KEY, dataclasses.asdict(serializer))
+        return model_class(config), vocabulary, token_map
+    source = resolved.location
+    config = pretrained_config(
+        source, "model=llm loads GPT-2 and T5 checkpoints (config.json + model.safetensors)."
+    )
+    if config.model_type != arch:
+        raise CheckpointError(
+            f"{source} holds a {config.model_type!r} model but model.arch={arch}: set "
+            f"model.arch={config.model_type} if it is gpt2 or t5, or pick a {arch} checkpoint."
+        )
+    vocabulary, token_map = _vocabulary(source)
+    if resolved.kind != "hub":
+        _check_shapes(Path(source), model_class(config))
+    try:
+        model, info = model_class.from_pretrained(
+            source, dtype=torch.float32, output_loading_info=True
+        )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
+        ) from err
+    except pickle.UnpicklingError as err:
+        raise pickled_weights_error(source, err) from None
+    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
+    if missing or info["unexpected_keys"]:
+        raise CheckpointError(
+            f"the weights in {source} do not match its config.json: missing {missing[:3]}, "
+            f"unexpected {sorted(info['unexpected_keys'])[:3]}. Re-export the model."
+        )
+    vocab_rows = model.get_input_embeddings().weight.shape[0]
+    largest = max(max(ids) for ids in token_map.symbol_ids.values())
+    if largest >= vocab_rows:
+        raise CheckpointError(
+            f"the tokenizer in {source} uses token id {largest}, but the model's embedding has "
+            f"{vocab_rows} rows: tokenizer and weights belong to different checkpoints."
+        )
+    # from_pretrained returns eval mode; fine-tuning needs dropout
+    return model.train(), vocabulary, token_map
+
+
+def _vocabulary(source: str) -> tuple[Any, TokenMap]:
+    """isoprobe's character vocabulary when the directory has its file, else the hub
+    tokenizer (GPT-2's BPE, T5's SentencePiece) through AutoTokenizer."""
+    path = Path(source) / CharVocabulary.FILE
+    if path.is_file():
+        vocabulary = CharVocabulary(json.loads(path.read_text())["tokens"])
+        return vocabulary, TokenMap.from_vocabulary(vocabulary)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{source} has no tokenizer: neither isoprobe's {CharVocabulary.FILE} nor Hugging "
+            f"Face tokenizer files ({err}). Save the tokenizer next to the weights."
+        ) from err
+    try:
+        return tokenizer, TokenMap.from_tokenizer(tokenizer, source)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from err
+
+
+def _check_shapes(directory: Path, model: PreTrainedModel) -> None:
+    """Name the first tensor whose shape in ``model.safetensors`` differs from the model that
+    ``config.json`` describes (transformers would only say that loading failed)."""
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        return
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    try:
+        with safe_open(str(weights), framework="pt") as file:
+            for name in file.keys():
+                found = tuple(file.get_slice(name).get_shape())
+                if name in expected and expected[name] != found:
+                    raise CheckpointError(
+                        f"the tensor {name} in {weights} has shape {found}, but config.json "
+                        f"describes {expected[name]}: the weights belong to another shape. "
+                        "Re-export the model or fix config.json."
+                    )
+    except SafetensorError as err:
+        raise CheckpointError(
+            f"the weights file in {directory} cannot be read ({err}): it is truncated or corrupt."
+        ) from err
