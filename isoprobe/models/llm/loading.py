@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoTokenizer,
@@ -24,7 +22,8 @@ from transformers import (
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
-    pickled_weights_error,
+    check_weights_fit,
+    load_pretrained,
     pretrained_config,
 )
 from isoprobe.models.llm.serialization import CharVocabulary, Serializer, TokenMap
@@ -67,22 +66,9 @@ def load_lm(
     vocabulary, token_map = _vocabulary(source)
     if resolved.kind != "hub":
         _check_shapes(Path(source), model_class(config))
-    try:
-        model, info = model_class.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt."
-        ) from err
-    except pickle.UnpicklingError as err:
-        raise pickled_weights_error(source, err) from None
-    missing = [k for k in info["missing_keys"] if "lm_head" not in k]
-    if missing or info["unexpected_keys"]:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: missing {missing[:3]}, "
-            f"unexpected {sorted(info['unexpected_keys'])[:3]}. Re-export the model."
-        )
+    model, info = load_pretrained(model_class, source)
+    # a tied output head is not stored: its absence is not a missing weight
+    check_weights_fit(info, source, missing=[k for k in info["missing_keys"] if "lm_head" not in k])
     vocab_rows = model.get_input_embeddings().weight.shape[0]
     largest = max(max(ids) for ids in token_map.symbol_ids.values())
     if largest >= vocab_rows:
@@ -90,8 +76,7 @@ def load_lm(
             f"the tokenizer in {source} uses token id {largest}, but the model's embedding has "
             f"{vocab_rows} rows: tokenizer and weights belong to different checkpoints."
         )
-    # from_pretrained returns eval mode; fine-tuning needs dropout
-    return model.train(), vocabulary, token_map
+    return model, vocabulary, token_map
 
 
 def _vocabulary(source: str) -> tuple[Any, TokenMap]:
