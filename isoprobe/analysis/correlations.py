@@ -47,7 +47,16 @@ BOOKKEEPING_METRICS = ("n_tokens",)
 
 def geometry_at(study: Study, when: str) -> pd.DataFrame:
     """Run × (probe, metric, layer) values at each run's first (``before``) or last
-    (``after``) probed epoch, with the ``last`` and ``mean`` layer choices added."""
+    (``after``) probed epoch, with the ``last`` and ``mean`` layer choices added; pivoted once
+    per study and epoch choice (:attr:`Study.pivots`)."""
+    if when not in ("before", "after"):
+        raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+    if when not in study.pivots:
+        study.pivots[when] = _pivot_geometry(study, when)
+    return study.pivots[when]
+
+
+def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
     table = study.table
     table = table[~table["metric"].isin(BOOKKEEPING_METRICS)]
     epochs = table.groupby("run")["epoch"].transform("min" if when == "before" else "max")

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from isoprobe.analysis.correlations import geometry_at  # noqa: E402
+from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
 
 
@@ -25,7 +25,7 @@ def _save(fig, path: Path) -> Path:
 def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | None:
     """Per model, the forecast error beside the last layer's ``metric`` for every data set
     (the isotropy paper's figures 3 and 7)."""
-    geometry = geometry_at(study, forecast.split("_", 1)[0])
+    geometry = geometry_at(study, PAIRED_PROBE[forecast.split("_", 1)[0]])
     key = ("isotropy", metric, "last")
     if key not in geometry.columns:
         return None
@@ -51,7 +51,7 @@ def scatter(
 ) -> Path | None:
     """``forecast`` against each metric of the last layer, coloured by model, with ρ and its
     95% interval (group ``all``) in each title."""
-    geometry = geometry_at(study, forecast.split("_", 1)[0])
+    geometry = geometry_at(study, PAIRED_PROBE[forecast.split("_", 1)[0]])
     keys = [k for k in geometry.columns if k[2] == "last" and k[1] in metrics]
     if not keys:
         return None
@@ -143,7 +143,7 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     part = table[
         (table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_uncentred_eps[\d.e-]+")
     ]
-    part = part[part["layer"].str.fullmatch(r"[A-Za-z_]+\.\d+") & (part["epoch"] == 0)]
+    part = part[part["layer"].str.fullmatch(BLOCK.pattern) & (part["epoch"] == 0)]
     if part.empty:
         return None
     metrics = sorted(

@@ -73,6 +73,9 @@ class Study:
     unprobed: list[str] = field(default_factory=list)
     #: every run's ``compression.csv`` rows with the run's factors (empty when none)
     compression: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: the wide geometry tables already pivoted from :attr:`table` (``correlations.geometry_at``
+    #: keys them by epoch choice), so that the correlations, figures and tables share them
+    pivots: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
 
 def find_runs(paths: Sequence[str]) -> list[Path]:
@@ -260,12 +263,24 @@ def _read_records(files: list[tuple[str, Path]]) -> pd.DataFrame:
     return frame
 
 
+def varying_factors(runs: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:
+    """The columns of a run table that are not the run, a forecast metric or in ``exclude``
+    and whose values differ across the runs."""
+    return [
+        c
+        for c in runs.columns
+        if c != "run"
+        and c not in exclude
+        and not c.startswith(_FORECAST)
+        and runs[c].astype(str).nunique() > 1
+    ]
+
+
 def _with_factors(parts: list[pd.DataFrame], runs: pd.DataFrame) -> pd.DataFrame:
     """Per-run rows (``compression.csv``) joined to the factors that tell the runs apart."""
     if not parts:
         return pd.DataFrame()
-    factors = [c for c in runs.columns if c not in ("run",) and not c.startswith(_FORECAST)]
-    varying = [c for c in factors if runs[c].astype(str).nunique() > 1]
+    varying = varying_factors(runs)
     keep = ["run", *[c for c in ("model", "dataset") if c not in varying], *varying]
     return runs[keep].merge(pd.concat(parts, ignore_index=True), on="run")
 

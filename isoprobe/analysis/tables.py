@@ -8,23 +8,16 @@ from __future__ import annotations
 import pandas as pd
 
 from isoprobe.analysis.correlations import geometry_at
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import Study, varying_factors
 
 #: run-table columns that describe a run but are not a setting to compare
-NOT_SETTINGS = ("run", "seed", "domain")
+NOT_SETTINGS = ("seed", "domain")
 
 
 def swept_settings(study: Study) -> list[str]:
     """The run-table columns that vary across the runs and describe a setting (not the run,
     its seed, its data set or a forecast metric)."""
-    runs = study.runs
-    return [
-        c
-        for c in runs.columns
-        if c not in (*NOT_SETTINGS, "dataset", "model")
-        and c not in study.forecast_metrics
-        and runs[c].astype(str).nunique() > 1
-    ]
+    return varying_factors(study.runs, (*NOT_SETTINGS, "dataset", "model"))
 
 
 def geometry_change(study: Study) -> pd.DataFrame:
@@ -64,15 +57,7 @@ def forecast_by_setting(study: Study) -> pd.DataFrame:
     if "seed" not in runs or runs["seed"].nunique() < 2:
         return pd.DataFrame()
     forecast = [c for c in study.forecast_metrics if runs[c].notna().any()]
-    factors = [
-        c
-        for c in runs.columns
-        if c not in NOT_SETTINGS
-        and c not in study.forecast_metrics
-        and runs[c].astype(str).nunique() > 1
-    ]
-    if not factors:
-        factors = ["model"]
+    factors = varying_factors(runs, NOT_SETTINGS) or ["model"]
     grouped = runs.groupby(factors, dropna=False)
     table = grouped[forecast].agg(["mean", "std"])
     table.columns = [
