@@ -72,12 +72,11 @@ class IsotropyRegularizer:
         return cls(settings["weight"], settings.get("penalty", "cos_inter"), settings["layers"])
 
     def layer_names(self, model) -> list[str]:
-        names = list(model.probe_layers("block"))
         if self.layers != "last":
             model.check_layer_names(self.layers, type(model).__name__)
             return list(self.layers)
         last: dict[str, tuple[int, str]] = {}
-        for name in names:
+        for name in model.probe_layers("block"):
             match = BLOCK.match(name)
             if match:
                 index = int(match["index"])
