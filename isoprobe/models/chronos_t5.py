@@ -36,12 +36,16 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
 )
+from isoprobe.models.t5_sampling import sample_tokens
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 #: model.input_embedding: learned (T5's) | chebyshev (fixed, of rank model.chebyshev_rank)
 INPUT_EMBEDDINGS = ("learned", "chebyshev")
+#: model.sampler: fast (isoprobe's decoding, :mod:`isoprobe.models.t5_sampling`) | generate
+#: (transformers' ``generate``: ChronosPipeline's random stream, the same samples for a seed)
+SAMPLERS = ("fast", "generate")
 #: the T5 config field that records a fixed encoder input embedding ({"kind", "rank"})
 FIXED_EMBEDDING_KEY = "isoprobe_fixed_input_embedding"
 
@@ -56,6 +60,10 @@ class ChronosT5Module(ForecastModule):
         scratch_t5: ``T5Config`` fields for ``checkpoint=scratch``.
         scratch_chronos: ``ChronosConfig`` fields for ``checkpoint=scratch``.
         num_samples / temperature / top_k / top_p: sampling settings of forecasts.
+        sampler: ``fast`` draws from the same distribution as ``ChronosPipeline`` several
+            times faster, with other random draws (:mod:`isoprobe.models.t5_sampling`);
+            ``generate`` decodes with transformers' ``generate``, as ChronosPipeline does, so
+            a seed gives the pipeline's own samples.
         input_embedding: ``learned`` (T5's own) | ``chebyshev``: the encoder reads a fixed
             Chebyshev embedding of rank ``chebyshev_rank`` (rank-structure paper appendix I)
             instead of T5's, for pretraining from scratch; the decoder and the output head keep
@@ -74,6 +82,7 @@ class ChronosT5Module(ForecastModule):
         temperature: float = 1.0,
         top_k: int = 50,
         top_p: float = 1.0,
+        sampler: str = "fast",
         input_embedding: str = "learned",
         chebyshev_rank: int = 8,
         **base: Any,
@@ -84,6 +93,9 @@ class ChronosT5Module(ForecastModule):
             raise ValueError(
                 f"model.input_embedding must be one of {INPUT_EMBEDDINGS}, got {input_embedding!r}"
             )
+        if sampler not in SAMPLERS:
+            raise ValueError(f"model.sampler must be one of {SAMPLERS}, got {sampler!r}")
+        self.sampler = sampler
         t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
         saved = getattr(t5.config, FIXED_EMBEDDING_KEY, None)
         if input_embedding == "chebyshev" and saved is None:
@@ -216,6 +228,28 @@ class ChronosT5Module(ForecastModule):
     @torch.no_grad()
     def forecast(self, batch: Batch) -> Forecast:
         ids, mask, scale = self._tokenize_context(batch)
+        sample = self._sample_fast if self.sampler == "fast" else self._sample_generate
+        tokens = sample(ids, mask)
+        samples = self.tokenizer.output_transform(tokens.cpu(), scale).to(self.device)
+        return Forecast.from_samples(samples, self.quantile_levels)
+
+    def _sample_fast(self, ids: Tensor, mask: Tensor) -> Tensor:
+        config = self.chronos_config
+        states = self.t5.encoder(inputs_embeds=self._encoder_embeds(ids), attention_mask=mask)
+        return sample_tokens(
+            self.t5,
+            states.last_hidden_state,
+            mask,
+            steps=self.prediction_length,
+            num_samples=config.num_samples,
+            start_token=config.pad_token_id,
+            banned_token=config.eos_token_id,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+        )
+
+    def _sample_generate(self, ids: Tensor, mask: Tensor) -> Tensor:
         horizon, num_samples = self.prediction_length, self.chronos_config.num_samples
         encoder_input = (
             {"input_ids": ids}
@@ -238,9 +272,7 @@ class ChronosT5Module(ForecastModule):
                 top_p=self.chronos_config.top_p,
             ),
         )
-        tokens = tokens[:, 1:].reshape(ids.shape[0], num_samples, horizon)
-        samples = self.tokenizer.output_transform(tokens.cpu(), scale).to(self.device)
-        return Forecast.from_samples(samples, self.quantile_levels)
+        return tokens[:, 1:].reshape(ids.shape[0], num_samples, horizon)
 
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
         check_probe_site(site)
