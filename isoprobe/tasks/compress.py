@@ -6,10 +6,11 @@ from ``trainer.test`` (seeded identically, so sampled forecasts differ only by t
 inference wall time of :meth:`forecast` over the first ``compress.timed_batches`` test batches
 and their peak memory: the weights' bytes plus the most memory the forecasts added (CUDA's
 allocator statistics on a GPU; on a CPU, which has none, the resident set,
-:mod:`isoprobe.tasks.peak_memory`). The compressed model is measured against an unchanged copy
-of the original made the same way (:func:`paired_inference`): both warmed up by one untimed
-forecast, then in turn for ``compress.repeats`` rounds; an unchanged model reads 1 within the
-machine's noise.
+:mod:`isoprobe.tasks.peak_memory`). The original is tested once; the compressed models are all
+measured against one unchanged copy of it made the same way (:func:`paired_inference`): each
+warmed up by one untimed forecast, then all in turn for ``compress.repeats`` rounds, so the
+original is forecast once per round whatever the number of ε; an unchanged model reads 1 within
+the machine's noise.
 ``compress.attention`` and ``compress.only_if_smaller`` choose which matrices are truncated and
 whether a truncation that is not smaller is made (:mod:`isoprobe.models.compression`); every
 setting is checked (:func:`compress_settings`) before the first forward pass.
@@ -24,7 +25,7 @@ import csv
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,11 +169,11 @@ def _memory_bytes(model: ForecastModule, batches: list[dict], seed: int) -> int:
 
 
 def _in_turn(
-    measure: Callable[[ForecastModule], float], models: tuple[ForecastModule, ...], rounds: int
+    measure: Callable[[ForecastModule], float], models: Sequence[ForecastModule], rounds: int
 ) -> list[list[float]]:
     """``rounds`` values of ``measure(model)`` for each model, the models taking turns and the
-    order reversed every round (ABBA), so that neither is always measured first or just after
-    the other."""
+    order reversed every round (ABBA for two), so that none is always measured first or just
+    after the same other."""
     values: list[list[float]] = [[] for _ in models]
     for round_ in range(rounds):
         order = range(len(models)) if round_ % 2 == 0 else reversed(range(len(models)))
@@ -193,28 +194,32 @@ def timed_batches(datamodule, count: int, device: torch.device) -> list[dict]:
 
 def paired_inference(
     reference: ForecastModule,
-    compressed: ForecastModule,
+    compressed: Sequence[ForecastModule],
     batches: list[dict],
     repeats: int,
     seed: int,
-) -> dict[str, float]:
-    """Forecasting time and peak memory of ``batches``, compressed over ``reference`` (an
-    unchanged copy of the original, made as the compressed one was, so that nothing but the
-    compression tells them apart). Each model is warmed up by one untimed forecast, then the
-    two are measured in turn (:func:`_in_turn`) for ``repeats`` rounds: the time ratio is the
-    median over rounds of the two times measured back to back (a change of load on the machine
-    falls on both), the memory ratio that of each model's least peak."""
-    models = (reference, compressed)
+) -> list[dict[str, float]]:
+    """Forecasting time and peak memory of ``batches``, each compressed model over
+    ``reference`` (an unchanged copy of the original, made as the compressed ones were, so that
+    nothing but the compression tells them apart). Each model is warmed up by one untimed
+    forecast, then all are measured in turn (:func:`_in_turn`) for ``repeats`` rounds: a time
+    ratio is the median over rounds of the model's time over the reference's in the same round
+    (a change of load on the machine falls on both), a memory ratio that of the least peaks."""
+    models = (reference, *compressed)
     for model in models:
         model.eval()
         _forecast_seconds(model, batches, seed)
     times = _in_turn(lambda m: _forecast_seconds(m, batches, seed), models, repeats)
     memory = _in_turn(lambda m: _memory_bytes(m, batches, seed), models, repeats)
-    ratios = [after / before for before, after in zip(*times, strict=True)]
-    return {
-        "time_ratio": statistics.median(ratios),
-        "memory_ratio": min(memory[1]) / min(memory[0]),
-    }
+    return [
+        {
+            "time_ratio": statistics.median(
+                after / before for before, after in zip(times[0], seconds, strict=True)
+            ),
+            "memory_ratio": min(peaks) / min(memory[0]),
+        }
+        for seconds, peaks in zip(times[1:], memory[1:], strict=True)
+    ]
 
 
 def _test_metrics(trainer: L.Trainer, model: ForecastModule, datamodule, seed: int) -> dict:
@@ -233,7 +238,7 @@ def run_compress(
     parameters = sum(p.numel() for p in model.parameters())
     batches = timed_batches(datamodule, settings.timed_batches, model.device)
     reference = copy.deepcopy(model)
-    rows = []
+    rows, models = [], []
     for eps in settings.epsilons:
         compressed = copy.deepcopy(model)
         reports = compress_attention(
@@ -252,13 +257,14 @@ def run_compress(
                 "wql_ratio": result["test/wql"] / original["test/wql"],
                 "mase_ratio": result["test/mase"] / original["test/mase"],
                 "nmse_ratio": result["test/nmse"] / original["test/nmse"],
-                **paired_inference(reference, compressed, batches, settings.repeats, cfg.seed),
                 **{status: sum(r.status == status for r in reports) for status in STATUSES},
             }
         )
         if settings.save and trainer.is_global_zero:
             export_compressed(compressed, reports, str(output_dir / "compressed" / f"eps{eps:g}"))
-        del compressed
+        models.append(compressed)
+    inference = paired_inference(reference, models, batches, settings.repeats, cfg.seed)
+    rows = [{**row, **ratios} for row, ratios in zip(rows, inference, strict=True)]
     if trainer.is_global_zero:
         _write(output_dir, rows, "cuda" if model.device.type == "cuda" else "cpu", settings)
     return {"original": original, "compression": rows}

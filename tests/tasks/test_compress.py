@@ -89,9 +89,18 @@ def test_both_models_are_warmed_up_then_measured_in_turn_the_order_reversed_ever
 ):
     monkeypatch.setattr(task, "cpu_peak_supported", lambda: False)
     log: list[str] = []
-    paired_inference(Recorder("a", log), Recorder("b", log), [{}], repeats=3, seed=0)
+    paired_inference(Recorder("a", log), [Recorder("b", log)], [{}], repeats=3, seed=0)
     # warm-up, then the timed rounds (memory reads no peak here: no forecast)
     assert log == ["a", "b", "a", "b", "b", "a", "a", "b"]
+
+
+def test_the_original_is_forecast_once_per_round_whatever_the_number_of_epsilons(monkeypatch):
+    monkeypatch.setattr(task, "cpu_peak_supported", lambda: False)
+    log: list[str] = []
+    compressed = [Recorder(name, log) for name in "bcd"]
+    ratios = paired_inference(Recorder("a", log), compressed, [{}], repeats=2, seed=0)
+    assert log == list("abcd") + list("abcd") + list("dcba")
+    assert len(ratios) == 3
 
 
 def test_the_time_ratio_is_the_median_of_back_to_back_ratios(monkeypatch):
@@ -110,7 +119,7 @@ def test_the_time_ratio_is_the_median_of_back_to_back_ratios(monkeypatch):
         return work * load[(len(log) - 3) // 2][model.name]
 
     monkeypatch.setattr(task, "_forecast_seconds", seconds)
-    result = paired_inference(Recorder("a", log), Recorder("b", log), [{}], repeats=5, seed=0)
+    [result] = paired_inference(Recorder("a", log), [Recorder("b", log)], [{}], repeats=5, seed=0)
     assert result["time_ratio"] == 2.0 and result["memory_ratio"] == 1.0
 
 
