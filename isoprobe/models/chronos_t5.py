@@ -10,13 +10,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from chronos import ChronosConfig
-from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration
 
@@ -32,7 +30,8 @@ from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
-    pickled_weights_error,
+    check_weights_fit,
+    load_pretrained,
     pretrained_config,
     resolve_checkpoint,
 )
@@ -362,30 +361,6 @@ def _load(
             f"chronos_config {'present' if chronos_fields else 'missing'}). model=chronos loads "
             "seq2seq Chronos checkpoints such as amazon/chronos-t5-small."
         )
-    try:
-        t5, info = T5ForConditionalGeneration.from_pretrained(
-            source, dtype=torch.float32, output_loading_info=True
-        )
-    except SafetensorError as err:
-        raise CheckpointError(
-            f"the weights file in {source} cannot be read ({err}): it is truncated or corrupt. "
-            "Copy or export the checkpoint again."
-        ) from err
-    except pickle.UnpicklingError as err:
-        raise pickled_weights_error(source, err) from None
-    except (RuntimeError, ValueError, OSError) as err:
-        raise CheckpointError(
-            f"the weights in {source} do not match its T5 architecture ({err}). The checkpoint "
-            "is corrupt or was written for another shape; re-export it or pick another one."
-        ) from err
-    # transformers only warns about these and initialises missing weights at random
-    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "The config was edited or belongs to another checkpoint; re-export the model."
-        )
-    # from_pretrained returns the model in eval mode; Lightning keeps submodule modes, so
-    # fine-tuning would otherwise run without dropout
-    return t5.train(), ChronosConfig(**chronos_fields)
+    t5, info = load_pretrained(T5ForConditionalGeneration, source)
+    check_weights_fit(info, source)
+    return t5, ChronosConfig(**chronos_fields)

@@ -178,7 +178,11 @@ def test_loaded_model_is_in_training_mode_so_fine_tuning_uses_dropout(checkpoint
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"d_ff": 512}, "do not match its T5 architecture"),
+        (
+            {"d_ff": 512},
+            r"do not fit its config.json: \S+DenseReluDense.wi.weight has shape \(256, 128\) "
+            r"in the checkpoint but \(512, 128\) in the model \(16 tensors differ\)",
+        ),
         ({"num_layers": 6}, "16 weights missing"),
     ],
 )
