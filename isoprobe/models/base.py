@@ -315,6 +315,15 @@ class ForecastModule(L.LightningModule, ABC):
     def forecast_memory_bytes(self, batch_size: int) -> int:
         """Estimated peak memory of :meth:`forecast` on ``batch_size`` windows."""
 
+    def weight_floats(self, training: bool) -> int:
+        """Floats the weights take in memory: every parameter once to forecast; in a training
+        step also, for each parameter that trains, its gradient and AdamW's two moments (a
+        parameter ``model.adapt`` freezes has neither). The memory estimates' weight term."""
+        floats = sum(p.numel() for p in self.parameters())
+        if training:
+            floats += 3 * sum(p.numel() for p in self.parameters() if p.requires_grad)
+        return floats
+
     def check_layer_names(self, layers: Iterable[str], model_name: str) -> None:
         """Raise KeyError naming the first of ``layers`` that no probe site has (``model_name``,
         such as ``Chronos-T5``, says whose layer it is), and the names that exist."""

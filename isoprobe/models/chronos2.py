@@ -292,20 +292,20 @@ class Chronos2Module(ForecastModule):
         return batch_size * (kept * (time + group) + hidden)
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
-        copies), and per encoder layer the attention tensors kept for backward (scores,
-        softmax, dropout output: 3 copies) and hidden values; the patch embeddings
-        (N x (3 patch + d_ff + d_model)) per window."""
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments of what trains
+        (weight_floats), and per encoder layer the attention tensors kept for backward (scores,
+        softmax, dropout output: 3 copies) and hidden values; the patch embeddings (N x (3 patch +
+        d_ff + d_model)) per window."""
         config, chronos = self.model.config, self.model.chronos_config
         layers = config.num_layers * self._layer_floats(batch_size, kept=3)
         embed = batch_size * self._tokens() * (3 * chronos.input_patch_size + config.d_ff)
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (layers + embed + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
         """Float32 bytes of a forecast: the weights and one encoder layer's attention scores
         and probabilities (2 copies) and hidden values."""
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (self._layer_floats(batch_size, kept=2) + weights)
 
 

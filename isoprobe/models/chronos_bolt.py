@@ -294,11 +294,11 @@ class ChronosBoltModule(ForecastModule):
         return patches + int(bolt.use_reg_token)
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
-        copies), and the activations kept for backward: per encoder layer the attention tensors
-        (scores, softmax, dropout output: 3 x heads x N^2) and hidden values (~ N x (8 d_model +
-        2 d_ff)) for N positions; per decoder layer one position's (~ 10 d_model + 2 d_ff) and
-        its cross-attention (3 x heads x N); the patch embedding (N x (4 patch + d_ff +
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments of what trains
+        (weight_floats), and the activations kept for backward: per encoder layer the attention
+        tensors (scores, softmax, dropout output: 3 x heads x N^2) and hidden values (~ N x (8
+        d_model + 2 d_ff)) for N positions; per decoder layer one position's (~ 10 d_model + 2 d_ff)
+        and its cross-attention (3 x heads x N); the patch embedding (N x (4 patch + d_ff +
         d_model)) and the output head (d_ff + 2 Q H)."""
         config, bolt = self.model.config, self.model.chronos_config
         tokens, heads = self._tokens(), config.num_heads
@@ -307,7 +307,7 @@ class ChronosBoltModule(ForecastModule):
         encoder = config.num_layers * (3 * heads * tokens**2 + tokens * (8 * width + 2 * ff))
         decoder = config.num_decoder_layers * (3 * heads * tokens + 10 * width + 2 * ff)
         embed = tokens * (4 * bolt.input_patch_size + ff + width) + ff + 2 * outputs
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (batch_size * (encoder + decoder + embed) + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -318,7 +318,7 @@ class ChronosBoltModule(ForecastModule):
         tokens = self._tokens()
         layer = 2 * config.num_heads * tokens**2 + tokens * (4 * config.d_model + config.d_ff)
         paths = len(bolt.quantiles) if self.prediction_length > bolt.prediction_length else 1
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (batch_size * paths * layer + weights)
 
 

@@ -180,10 +180,10 @@ class ChronosT5Module(ForecastModule):
         export.save_pretrained(directory, safe_serialization=True)
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a T5 training step: weights, gradients and two AdamW moments (4
-        copies), and per encoder layer the attention tensors kept for backward (scores, softmax,
-        dropout output: 3 x B x H x T^2) and the hidden activations (~ B x T x (8 d_model + 2
-        d_ff)); the decoder's are the same with the horizon, plus cross-attention."""
+        """Float32 bytes of a T5 training step: weights, gradients and two AdamW moments of what
+        trains (weight_floats), and per encoder layer the attention tensors kept for backward
+        (scores, softmax, dropout output: 3 x B x H x T^2) and the hidden activations (~ B x T x (8
+        d_model + 2 d_ff)); the decoder's are the same with the horizon, plus cross-attention."""
         config = self.t5.config
         tokens = self._context_tokens()
         steps = self.prediction_length + 1  # start token
@@ -193,7 +193,7 @@ class ChronosT5Module(ForecastModule):
         activations = batch_size * (
             config.num_layers * encoder + config.num_decoder_layers * decoder
         )
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (activations + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -206,7 +206,7 @@ class ChronosT5Module(ForecastModule):
         sequences = batch_size * self.chronos_config.num_samples
         encoder = 2 * batch_size * config.num_heads * tokens**2
         cross = sequences * tokens * config.d_model * (1 + 2 * config.num_decoder_layers)
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (encoder + cross + weights)
 
     def _tokenize_context(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:

@@ -272,14 +272,15 @@ class LagLlamaModule(ForecastModule):
         return self.config["n_head"] * self.config["n_embd_per_head"]
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32: weights, gradients, two AdamW moments (4 copies), and per layer the kept
-        activations of T = C + H - 1 tokens (~ 16 widths per token for norms, projections and
-        the SwiGLU hidden, plus the attention scores B x heads x T^2), and the lag features."""
+        """Float32: weights, gradients, two AdamW moments of what trains (weight_floats), and per
+        layer the kept activations of T = C + H - 1 tokens (~ 16 widths per token for norms,
+        projections and the SwiGLU hidden, plus the attention scores B x heads x T^2), and the lag
+        features."""
         steps = self.context_length + self.prediction_length - 1
         width, heads = self._width(), self.config["n_head"]
         per_layer = batch_size * (16 * steps * width + 2 * heads * steps**2)
         features = batch_size * steps * (len(self.lags) + 8)
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (self.config["n_layer"] * per_layer + features + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -293,7 +294,7 @@ class LagLlamaModule(ForecastModule):
         context = batch_size * (16 * steps * width + 2 * heads * steps**2)
         caches = paths * 2 * layers * steps * width
         per_path = paths * (2 * (steps + max(self.lags)) + 16 * width + len(self.lags))
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (context + caches + per_path + weights)
 
 

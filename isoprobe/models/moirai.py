@@ -276,11 +276,11 @@ class MoiraiForecastModule(ForecastModule):
         copy.deepcopy(self.module).to(getattr(torch, dtype)).save_pretrained(directory)
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
-        copies); per layer the activations kept for backward, ~ T x (10 d_model + 3 d_ff) per
-        window, and the attention scores and probabilities (2 x heads x T^2); the distribution
-        head, which evaluates every patch size's projection (``len(patch_sizes)`` x T x P x
-        (4 + 7) outputs) and the four components' log-likelihoods (~ 4 x 4 x T x P)."""
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments of what trains
+        (weight_floats); per layer the activations kept for backward, ~ T x (10 d_model + 3 d_ff)
+        per window, and the attention scores and probabilities (2 x heads x T^2); the distribution
+        head, which evaluates every patch size's projection (``len(patch_sizes)`` x T x P x (4 + 7)
+        outputs) and the four components' log-likelihoods (~ 4 x 4 x T x P)."""
         module = self.module
         tokens, width = self.context_tokens + self.horizon_tokens, module.d_model
         heads = module.encoder.layers[0].self_attn.num_heads
@@ -289,7 +289,7 @@ class MoiraiForecastModule(ForecastModule):
         patch = max(module.patch_sizes)
         head = tokens * patch * (11 * len(module.patch_sizes) + 16)
         activations = batch_size * (module.num_layers * layer + head)
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (activations + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -302,7 +302,7 @@ class MoiraiForecastModule(ForecastModule):
         ff = module.encoder.layers[0].ffn.fc1.out_features
         layer = tokens * (4 * width + ff) + 2 * heads * tokens**2
         draws = self.num_samples * tokens * max(module.patch_sizes) * 6
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (batch_size * (layer + draws) + weights)
 
 

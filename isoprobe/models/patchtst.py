@@ -200,16 +200,17 @@ class PatchTSTModule(ForecastModule):
         return self.model.model.patchifier.num_patches
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
-        copies), and per encoder layer the attention tensors kept for backward (scores, softmax,
-        dropout output: 3 x heads x P^2) and hidden values (~ P x (8 d_model + 2 ffn_dim))."""
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments of what trains
+        (weight_floats), and per encoder layer the attention tensors kept for backward (scores,
+        softmax, dropout output: 3 x heads x P^2) and hidden values (~ P x (8 d_model + 2
+        ffn_dim))."""
         config, patches = self.model.config, self._patches()
         layer = 3 * config.num_attention_heads * patches**2 + patches * (
             8 * config.d_model + 2 * config.ffn_dim
         )
         embed = patches * (config.patch_length + 2 * config.d_model) + 4 * self.context_length
         activations = batch_size * (config.num_hidden_layers * layer + embed)
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (activations + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -222,7 +223,7 @@ class PatchTSTModule(ForecastModule):
         )
         samples = 0 if self.model.distribution_output is None else self.num_samples
         per_window = layer + (2 * samples + 2) * self.prediction_length
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (batch_size * per_window + weights)
 
 

@@ -307,11 +307,11 @@ class TimesFmModule(ForecastModule):
         export.save_pretrained(directory, safe_serialization=True)
 
     def training_memory_bytes(self, batch_size: int) -> int:
-        """Float32 bytes of a training step: weights, gradients and two AdamW moments (4
-        copies), and per decoding step (``ceil(horizon / horizon_length)``) the activations
+        """Float32 bytes of a training step: weights, gradients and two AdamW moments of what trains
+        (weight_floats), and per decoding step (``ceil(horizon / horizon_length)``) the activations
         kept for backward: per layer ~ N x (8 d_model + 2 d_ff) hidden values and the attention
-        scores and probabilities (2 x heads x N^2) for N patches, plus the input block
-        (N x (2 patch + d_ff + d_model))."""
+        scores and probabilities (2 x heads x N^2) for N patches, plus the input block (N x (2 patch
+        + d_ff + d_model))."""
         config = self.model.config
         tokens = config.context_length // config.patch_length
         width, ff = config.hidden_size, config.intermediate_size
@@ -320,7 +320,7 @@ class TimesFmModule(ForecastModule):
         layer = tokens * (8 * width + 2 * ff) + 2 * heads * tokens**2
         embed = tokens * (2 * config.patch_length + ff + width)
         activations = batch_size * steps * (depth * layer + embed)
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         return 4 * (activations + weights)
 
     def forecast_memory_bytes(self, batch_size: int) -> int:
@@ -331,7 +331,7 @@ class TimesFmModule(ForecastModule):
         tokens = config.context_length // config.patch_length
         width, ff, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
         layer = tokens * (4 * width + ff) + 2 * heads * tokens**2
-        weights = sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=False)
         return 4 * (batch_size * layer + weights)
 
 

@@ -314,7 +314,7 @@ class LlmModule(PromptEncoding, ForecastModule):
         activations (~ B x L x 16 d_model, the 4x MLP included) over the token upper bounds."""
         context, target = self._sequence_lengths()
         config = self.lm.config
-        weights = 4 * sum(p.numel() for p in self.parameters())
+        weights = self.weight_floats(training=True)
         if self.arch == "gpt2":
             length, heads, width = context + target, config.n_head, config.n_embd
             per_layer = 3 * heads * length**2 + length * 16 * width
@@ -343,7 +343,7 @@ class LlmModule(PromptEncoding, ForecastModule):
             heads, width, layers = config.num_heads, config.d_model, config.num_decoder_layers
             prompt = 2 * batch_size * heads * context**2
             cache = sequences * 2 * layers * (context + target) * width
-        return 4 * (prompt + cache + sum(p.numel() for p in self.parameters()))
+        return 4 * (prompt + cache + self.weight_floats(training=False))
 
 
 def positions(attention: Tensor) -> Tensor:
