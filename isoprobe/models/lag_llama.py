@@ -39,6 +39,7 @@ from isoprobe.models.checkpoints import (
     read_json_config,
     read_safetensors,
     resolve_checkpoint,
+    scratch_fields,
 )
 from isoprobe.models.lag_llama_checkpoint import (
     PickledObject,
@@ -105,7 +106,7 @@ class LagLlamaModule(ForecastModule):
             config, state = load_official_checkpoint(path)
         else:
             self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
-            config, state = self._load(self.resolved_checkpoint, size, sizes)
+            config, state = self._load(self.resolved_checkpoint, scratch_fields(size, sizes))
         self.config = config
         self.lags = [int(lag) for lag in config["lags_seq"]]
         self.network = LagLlamaNetwork(config)
@@ -114,11 +115,13 @@ class LagLlamaModule(ForecastModule):
         log.info("Lag-Llama weights: %s", self.resolved_checkpoint.describe())
 
     @staticmethod
-    def _load(resolved: ResolvedCheckpoint, size: str, sizes) -> tuple[dict, dict | None]:
+    def _load(
+        resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
+    ) -> tuple[dict, dict | None]:
         if resolved.kind == "scratch":
-            if not sizes or size not in sizes:
-                raise CheckpointError(f"model.checkpoint=scratch needs model.sizes.{size}")
-            config = dict(sizes[size])
+            if scratch is None:
+                raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
+            config = dict(scratch)
             if config.get("lags_seq") in (None, "official"):
                 config["lags_seq"] = list(official_lags())
             return config, None

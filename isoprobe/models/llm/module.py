@@ -30,7 +30,7 @@ from isoprobe.models.base import (
     check_probe_site,
     t5_cross_attention_weights,
 )
-from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint
+from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint, scratch_fields
 from isoprobe.models.llm.grammar import NumberGrammar, StopAfterValues
 from isoprobe.models.llm.loading import ARCHITECTURES, HUB_IDS, SERIALIZER_KEY, load_lm
 from isoprobe.models.llm.prompts import Encoded, PromptEncoding
@@ -79,14 +79,9 @@ class LlmModule(PromptEncoding, ForecastModule):
         self.resolved_checkpoint = resolve_checkpoint(
             checkpoint, hub_id or HUB_IDS[arch], bundled_name or f"llm-{arch}-mini"
         )
-        scratch = None
-        if self.resolved_checkpoint.kind == "scratch":
-            if not sizes or arch not in sizes or size not in sizes[arch]:
-                raise CheckpointError(
-                    f"model.checkpoint=scratch builds model.sizes.{arch}.{size}, which is not "
-                    f"configured; known sizes: {sorted((sizes or {}).get(arch, {}))}"
-                )
-            scratch = dict(sizes[arch][size])
+        scratch = scratch_fields(size, (sizes or {}).get(arch))
+        if self.resolved_checkpoint.kind == "scratch" and scratch is None:
+            raise CheckpointError(f"model.checkpoint=scratch needs model.sizes.{arch}")
         self.serializer = Serializer(precision, max_digits, alpha)
         self.lm, self.vocabulary, self.token_map = load_lm(
             self.resolved_checkpoint, arch, scratch, self.serializer
