@@ -94,6 +94,11 @@ class ChronosT5Module(ForecastModule):
             )
         if sampler not in SAMPLERS:
             raise ValueError(f"model.sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if not temperature > 0 or not 0 < top_p <= 1:
+            raise ValueError(
+                f"model.temperature must be > 0 and model.top_p in (0, 1], got {temperature} and "
+                f"{top_p}; model.top_k=1 samples the most likely token"
+            )
         self.sampler = sampler
         t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
         saved = getattr(t5.config, FIXED_EMBEDDING_KEY, None)

@@ -105,3 +105,9 @@ def test_fast_and_generate_samplers_forecast_alike_when_one_token_is_kept(input_
 def test_an_unknown_sampler_names_the_choices():
     with pytest.raises(ValueError, match=r"model.sampler must be one of \('fast', 'generate'\)"):
         make_module(sampler="beam")
+
+
+@pytest.mark.parametrize("setting", [{"temperature": 0.0}, {"top_p": 0.0}, {"top_p": 1.5}])
+def test_sampling_settings_that_define_no_distribution_are_refused(setting):
+    with pytest.raises(ValueError, match=r"model.temperature must be > 0 and model.top_p in"):
+        make_module(**setting)
