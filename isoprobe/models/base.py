@@ -168,6 +168,20 @@ def t5_cross_attention_weights(decoder_blocks: Iterable[nn.Module]) -> dict[str,
     }
 
 
+def t5_self_attention_weights(t5: nn.Module) -> dict[str, dict[str, Tensor]]:
+    """``encoder.<i>`` / ``decoder.<i>`` -> q, k, v ([H d_kv, d_model]) and o ([d_model, H d_kv])
+    of each block's self-attention (the block's first layer) in a T5 encoder-decoder ``t5``
+    (anything with ``encoder.block`` and ``decoder.block``); T5's projections have no bias."""
+    stacks = {"encoder": t5.encoder.block, "decoder": t5.decoder.block}
+    return {
+        f"{stack}.{i}": {
+            p: getattr(block.layer[0].SelfAttention, p).weight for p in ATTENTION_PROJECTIONS
+        }
+        for stack, blocks in stacks.items()
+        for i, block in enumerate(blocks)
+    }
+
+
 class ForecastModule(L.LightningModule, ABC):
     """Training loop, optimiser and forecast metrics shared by every forecaster wrapper.
 

@@ -36,12 +36,12 @@ from transformers import T5Config
 from transformers.utils import SAFE_WEIGHTS_NAME, cached_file
 
 from isoprobe.models.base import (
-    ATTENTION_PROJECTIONS,
     Batch,
     Forecast,
     ForecastModule,
     check_probe_site,
     t5_cross_attention_weights,
+    t5_self_attention_weights,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -262,17 +262,8 @@ class ChronosBoltModule(ForecastModule):
         return [block.layer[-1] for block in blocks]
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
-        """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
-        (``[d_model, H d_kv]``); T5's projections have no bias."""
-        stacks = {"encoder": self.model.encoder.block, "decoder": self.model.decoder.block}
-        return {
-            f"{stack}.{i}": {
-                part: getattr(block.layer[0].SelfAttention, part).weight
-                for part in ATTENTION_PROJECTIONS
-            }
-            for stack, blocks in stacks.items()
-            for i, block in enumerate(blocks)
-        }
+        """Every block's self-attention (:func:`t5_self_attention_weights`)."""
+        return t5_self_attention_weights(self.model)
 
     def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every decoder block's cross-attention (:func:`t5_cross_attention_weights`)."""

@@ -19,12 +19,12 @@ from torch import Tensor, nn
 from transformers import GenerationConfig, T5Config, T5ForConditionalGeneration
 
 from isoprobe.models.base import (
-    ATTENTION_PROJECTIONS,
     Batch,
     Forecast,
     ForecastModule,
     check_probe_site,
     t5_cross_attention_weights,
+    t5_self_attention_weights,
 )
 from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
@@ -304,17 +304,8 @@ class ChronosT5Module(ForecastModule):
         return [block.layer[-1] for block in (*self.t5.encoder.block, *self.t5.decoder.block)]
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
-        """Every block's self-attention ``q``, ``k``, ``v`` (``[H d_kv, d_model]``) and ``o``
-        (``[d_model, H d_kv]``); T5's projections have no bias."""
-        stacks = {"encoder": self.t5.encoder.block, "decoder": self.t5.decoder.block}
-        return {
-            f"{stack}.{i}": {
-                part: getattr(block.layer[0].SelfAttention, part).weight
-                for part in ATTENTION_PROJECTIONS
-            }
-            for stack, blocks in stacks.items()
-            for i, block in enumerate(blocks)
-        }
+        """Every block's self-attention (:func:`t5_self_attention_weights`)."""
+        return t5_self_attention_weights(self.t5)
 
     def cross_attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every decoder block's cross-attention (:func:`t5_cross_attention_weights`)."""
