@@ -17,13 +17,32 @@ STUDIES = sorted(
 def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(tmp_path, study):
     cfg = compose_config(tmp_path, [f"experiment={study}"])
     assert cfg.hydra.callbacks.analyze._target_ == "isoprobe.tasks.sweep_analysis.AnalyzeSweep"
-    params = cfg.hydra.sweeper.params
-    assert params, f"{study} sweeps nothing"
-    for key, values in params.items():
-        for value in str(values).split(","):
-            composed = compose_config(tmp_path, [f"experiment={study}", f"{key}={value}"])
-            if key == "model":
-                assert composed.model.name == value.split("/")[-1].removesuffix("_from_scratch")
+    grids = [cfg.hydra.sweeper.params or {}]
+    grids = [{**grids[0], **grid} for grid in cfg.hydra.sweeper.get("grids") or [{}]]
+    assert all(grids), f"{study} sweeps nothing"
+    for grid in grids:
+        fixed = [f"{key}={values}" for key, values in grid.items() if "," not in str(values)]
+        for key, values in grid.items():
+            for value in str(values).split(","):
+                overrides = [f"experiment={study}", *fixed, f"{key}={value}"]
+                composed = compose_config(tmp_path, overrides)
+                if key == "model":
+                    name = value.split("/")[-1].removesuffix("_from_scratch")
+                    assert composed.model.name == name
+
+
+def test_the_context_length_study_runs_each_models_own_arm(tmp_path):
+    """Figures 4, 5 and 8: Chronos-T5 on the synthetic sets at 500 / 100 steps and Lag-Llama
+    on the real sets at 144 / 96, in one sweep (hydra/sweeper=grids), without the cross terms."""
+    cfg = compose_config(tmp_path, ["experiment=isotropy/context_length"])
+    assert cfg.hydra.sweeper._target_.endswith("GridsSweeper")
+    chronos, lag_llama = cfg.hydra.sweeper.grids
+    assert chronos.model == "chronos" and lag_llama.model == "lag_llama"
+    assert all(d.startswith("kernelsynth/") for d in chronos.data.split(","))
+    assert all(d.startswith("real/") for d in lag_llama.data.split(","))
+    assert len(chronos.data.split(",")) == 10 and len(lag_llama.data.split(",")) == 12
+    assert str(chronos["data.context_length"]) == "500,100"
+    assert str(lag_llama["data.context_length"]) == "144,96"
 
 
 def test_patchtst_from_scratch_trains_inside_a_zero_shot_grid(tmp_path):

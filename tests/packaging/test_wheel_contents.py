@@ -1,7 +1,7 @@
 """The built wheel holds every module of the source tree and every bundled model's files.
 
 The wheel is built, as .ci/check_wheel.sh builds it, from a copy of the repository's top-level
-files, ``isoprobe/`` and ``callbacks/`` (no stale ``build/`` folder, no developer symlink)."""
+files, ``isoprobe/``, ``callbacks/`` and ``hydra_plugins/`` (no stale ``build/`` folder, no developer symlink)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 #: source folder -> the package it installs as (pyproject.toml's package-dir)
-SOURCES = {"isoprobe": "isoprobe", "callbacks": "isoprobe/callbacks"}
+SOURCES = {
+    "isoprobe": "isoprobe",
+    "callbacks": "isoprobe/callbacks",
+    "hydra_plugins": "hydra_plugins",
+}
 BUNDLED = ROOT / "isoprobe" / "models" / "bundled"
 
 
