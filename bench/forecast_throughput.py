@@ -76,7 +76,14 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "chronos_generate": lambda m: [m.t5, m.t5.encoder],  # generate runs the encoder apart
     "chronos_bolt": lambda m: [m.model],
     "chronos2": lambda m: [m.model],
-    "moirai": lambda m: [m.module],
+    # sampler=official calls the module; sampler=horizon (the default) its parts in turn
+    "moirai": lambda m: [
+        m.module,
+        m.module.scaler,
+        m.module.in_proj,
+        m.module.encoder,
+        m.module.param_proj,
+    ],
     "timesfm": lambda m: [m.model.decoder, m.model.horizon_ff_layer],
     "patchtst": lambda m: [m.model],
 }

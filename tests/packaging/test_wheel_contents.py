@@ -1,7 +1,8 @@
 """The built wheel holds every module of the source tree and every bundled model's files.
 
 The wheel is built, as .ci/check_wheel.sh builds it, from a copy of the repository's top-level
-files, ``isoprobe/``, ``callbacks/`` and ``hydra_plugins/`` (no stale ``build/`` folder, no developer symlink)."""
+files, ``isoprobe/``, ``callbacks/`` and ``hydra_plugins/`` (no stale ``build/`` folder, no
+developer symlink)."""
 
 from __future__ import annotations
 

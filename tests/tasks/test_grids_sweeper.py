@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-APP = '''
+APP = """
 import json, sys
 from pathlib import Path
 import hydra
@@ -20,7 +20,7 @@ def main(cfg):
         f.write(json.dumps({"model": cfg.model, "length": cfg.length, "data": cfg.data}) + "\\n")
 
 main()
-'''
+"""
 
 CONFIG = """
 defaults:
@@ -82,4 +82,7 @@ def test_a_job_that_two_grids_produce_runs_once(tmp_path):
 
 def test_without_grids_the_sweeper_is_the_basic_sweep_of_its_params(tmp_path):
     jobs = run_sweep(tmp_path, "hydra.sweeper.grids=[]", "model=a,b")
-    assert [(j["model"], j["data"], j["length"]) for j in jobs] == [("a", "none", 0), ("b", "none", 0)]
+    assert [(j["model"], j["data"], j["length"]) for j in jobs] == [
+        ("a", "none", 0),
+        ("b", "none", 0),
+    ]
