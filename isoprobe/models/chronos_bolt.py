@@ -40,8 +40,6 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
-    t5_self_attention_weights,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -57,6 +55,7 @@ from isoprobe.models.quantiles import (
     quantiles_of_padded_heads,
     register_level_weights,
 )
+from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 
 try:
     from chronos.chronos_bolt import ChronosBoltConfig, ChronosBoltModelForForecasting

@@ -23,8 +23,6 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
-    t5_self_attention_weights,
 )
 from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
@@ -36,6 +34,7 @@ from isoprobe.models.checkpoints import (
     resolve_checkpoint,
     scratch_fields,
 )
+from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 from isoprobe.models.t5_sampling import sample_tokens
 
 log = logging.getLogger(__name__)

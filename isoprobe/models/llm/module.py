@@ -28,13 +28,13 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
 )
 from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint, scratch_fields
 from isoprobe.models.llm.grammar import NumberGrammar, StopAfterValues
 from isoprobe.models.llm.loading import ARCHITECTURES, HUB_IDS, SERIALIZER_KEY, load_lm
 from isoprobe.models.llm.prompts import Encoded, PromptEncoding
 from isoprobe.models.llm.serialization import COMMA, CharVocabulary, Serializer
+from isoprobe.models.t5_attention import t5_cross_attention_weights
 
 log = logging.getLogger(__name__)
 
