@@ -49,6 +49,7 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.quantiles import (
     is_evenly_spaced,
@@ -321,9 +322,7 @@ def _load(
     resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
 ) -> ChronosBoltModelForForecasting:
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        config = T5Config(**{**BOLT_T5_FIELDS, **scratch})
+        config = T5Config(**{**BOLT_T5_FIELDS, **scratch_shape(scratch)})
         _check_bolt_config(config, "model.sizes")
         return ChronosBoltModelForForecasting(config)
     source = resolved.location

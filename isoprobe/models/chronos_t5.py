@@ -33,6 +33,7 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 from isoprobe.models.t5_sampling import sample_tokens
@@ -333,9 +334,7 @@ def _load(
     resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
 ) -> tuple[T5ForConditionalGeneration, ChronosConfig]:
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        t5_fields = dict(scratch)
+        t5_fields = dict(scratch_shape(scratch))
         chronos_fields = dict(t5_fields.pop("chronos_config"))
         return T5ForConditionalGeneration(T5Config(**t5_fields)), ChronosConfig(**chronos_fields)
     source = resolved.location
