@@ -69,12 +69,12 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 OFFICIAL = {
     # amazon/chronos-t5-small's shape
     "chronos": [
-        "model.scratch_t5.d_model=512",
-        "model.scratch_t5.d_kv=64",
-        "model.scratch_t5.num_heads=8",
-        "model.scratch_t5.d_ff=2048",
-        "model.scratch_t5.num_layers=6",
-        "model.scratch_t5.num_decoder_layers=6",
+        "model.sizes.mini.d_model=512",
+        "model.sizes.mini.d_kv=64",
+        "model.sizes.mini.num_heads=8",
+        "model.sizes.mini.d_ff=2048",
+        "model.sizes.mini.num_layers=6",
+        "model.sizes.mini.num_decoder_layers=6",
     ],
     # amazon/chronos-bolt-small's shape
     "chronos_bolt": ["model.size=official_small"],

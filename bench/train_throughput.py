@@ -50,15 +50,15 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 CHRONOS2_SHAPE = ["model.checkpoint=scratch", "model.size=mini"]
 SHAPE = [
     "model.checkpoint=scratch",
-    "model.scratch_t5.d_model=256",
-    "model.scratch_t5.d_kv=64",
-    "model.scratch_t5.d_ff=1024",
-    "model.scratch_t5.num_layers=4",
-    "model.scratch_t5.num_decoder_layers=4",
-    "model.scratch_t5.vocab_size=4096",
-    "model.scratch_chronos.n_tokens=4096",
-    "model.scratch_chronos.context_length=512",
-    "model.scratch_chronos.prediction_length=64",
+    "model.sizes.mini.d_model=256",
+    "model.sizes.mini.d_kv=64",
+    "model.sizes.mini.d_ff=1024",
+    "model.sizes.mini.num_layers=4",
+    "model.sizes.mini.num_decoder_layers=4",
+    "model.sizes.mini.vocab_size=4096",
+    "model.sizes.mini.chronos_config.n_tokens=4096",
+    "model.sizes.mini.chronos_config.context_length=512",
+    "model.sizes.mini.chronos_config.prediction_length=64",
 ]
 DATA = [
     "data=kernelsynth/mixed",

@@ -15,9 +15,10 @@ epoch. :class:`Probe` owns everything else, once for all probes:
 - following: a probe with ``follow=<name>`` takes the probe set and schedule of the probe of
   that name when it is in the Trainer (:func:`~isoprobe.callbacks.sharing.followed_settings`),
   so the two share each pass;
-- records (``probe, epoch, global_step, layer, metric, value, note``), their CSV file, the
-  end-of-fit trajectory plot, and publishing to every logger under the probe's ``log_prefix``
-  (W&B: plotted against ``<prefix>/epoch``, a table per epoch, media the probe adds);
+- records (``probe, epoch, global_step, layer, metric, value, note``), which
+  :class:`~isoprobe.callbacks.probe_output.ProbeOutput` writes to their CSV file, draws and
+  publishes to every logger under the probe's ``log_prefix`` (W&B: plotted against
+  ``<prefix>/epoch``, a table per epoch, media the probe adds);
 - checkpoint state under a unique ``state_key`` (the probe's ``name``).
 
 A subclass implements :meth:`Probe.measure` (and, for pictures, :meth:`Probe.save_artefacts`
@@ -34,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from isoprobe.callbacks.collect import WINDOW_SELECTIONS, probe_window_indices
-from isoprobe.callbacks.plots import save_trajectories
-from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
-from isoprobe.callbacks.records import keep_foreign_file, make_record, write_records
+from isoprobe.callbacks.probe_output import ProbeOutput
+from isoprobe.callbacks.records import make_record
 from isoprobe.callbacks.sharing import (
     FOLLOWED,
     SharedCollection,
@@ -45,7 +45,6 @@ from isoprobe.callbacks.sharing import (
     val_dataset,
 )
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -109,6 +108,8 @@ class Probe(Callback, ABC):
         own_settings: the :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings as given.
         collection: the :class:`~isoprobe.callbacks.sharing.SharedCollection` of the Trainer
             this probe was set up in (None before setup).
+        output: the :class:`~isoprobe.callbacks.probe_output.ProbeOutput` that writes, draws
+            and logs its results.
     """
 
     #: whether :meth:`measure` reads collected tokens (weights-only probes set False)
@@ -180,17 +181,14 @@ class Probe(Callback, ABC):
         self.follow = follow
         self.own_settings = {key: getattr(self, key) for key in FOLLOWED}
         self.collection: SharedCollection | None = None
+        self.output = ProbeOutput(self)
 
         self._records: list[dict[str, Any]] = []
         self._probed_epochs: set[int] = set()
         self._window_indices: list[int] | None = None
         self._dir: Path | None = None
-        self._csv_checked = False
-        self._wandb_defined: set[int] = set()
         self._saved_at: tuple[int, int] | None = None
         self.seconds: dict[int, float] = {}
-        self._drawn_any = False
-        self._undrawn: tuple[int, Measurement] | None = None
 
     # ---------------------------------------------------------------- what a probe measures
 
@@ -258,7 +256,7 @@ class Probe(Callback, ABC):
         # trainer.log_dir broadcasts from rank 0, so every rank asks for it
         root = self.output_dir if self.output_dir else trainer.log_dir or trainer.default_root_dir
         self._dir = Path(root)
-        self._csv_checked = False
+        self.output.csv_checked = False
         probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
         defaults = inspect.signature(Probe.__init__).parameters
         settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})
@@ -270,7 +268,8 @@ class Probe(Callback, ABC):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._records:
-            self._write_csv(trainer)  # a resumed run's file starts with the trajectory so far
+            # a resumed run's file starts with the trajectory so far
+            self.output.write_csv(trainer, self._records)
         if trainer.global_step == 0:
             self._probe(trainer, pl_module, epoch=trainer.current_epoch)
         elif not self._records:
@@ -309,16 +308,7 @@ class Probe(Callback, ABC):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.collection is not None:
             self.collection.clear()
-        if trainer.is_global_zero and self._undrawn is not None:
-            epoch, measurement = self._undrawn  # the last probe's pictures
-            self._draw(epoch, measurement)
-            for key, path in self.figure_paths(epoch).items():
-                if path.is_file():
-                    log_image(trainer.loggers, key, path)
-        if trainer.is_global_zero and self._records:
-            path = self.output_path / self.trajectory_png
-            if save_trajectories(path, self._records):
-                log_image(trainer.loggers, f"{self.log_prefix}/trajectories", path)
+        self.output.finish(trainer, self._records)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -409,39 +399,4 @@ class Probe(Callback, ABC):
         self._probed_epochs.add(epoch)
         self.seconds[epoch] = time.perf_counter() - started
         if trainer.is_global_zero:
-            self._publish(trainer, epoch, step, records, measurement)
-
-    def _write_csv(self, trainer: Trainer) -> None:
-        if not trainer.is_global_zero:
-            return
-        if not self._csv_checked:
-            keep_foreign_file(self.csv_path, self._records)
-            self._csv_checked = True
-        write_records(self.csv_path, self._records)
-
-    def _draw(self, epoch: int, measurement: Measurement) -> None:
-        self.save_artefacts(self.output_path, epoch, measurement)
-        self._drawn_any = True
-        self._undrawn = None
-
-    def _publish(
-        self,
-        trainer: Trainer,
-        epoch: int,
-        step: int,
-        records: list[dict[str, Any]],
-        measurement: Measurement,
-    ) -> None:
-        self._write_csv(trainer)
-        every = self.figures_every_n_epochs
-        if every >= 0 and (not self._drawn_any or (every > 0 and epoch % every == 0)):
-            self._draw(epoch, measurement)
-        elif every >= 0:
-            self._undrawn = (epoch, measurement)
-        metrics = scalar_metrics(self.log_prefix, epoch, records, self.seconds[epoch])
-        media = None
-        if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
-            media = self.wandb_media(epoch, measurement) if every >= 0 else {}
-            if self.log_tables:
-                media[f"{self.log_prefix}/table"] = records_table(epoch, records)
-        log_epoch(trainer.loggers, step, self.log_prefix, metrics, media, self._wandb_defined)
+            self.output.publish(trainer, epoch, step, records, measurement, self._records)

@@ -211,7 +211,7 @@ def test_config_asking_for_remote_code_is_refused_and_runs_nothing(tmp_path, mod
 
 
 def test_compressed_export_with_pickled_factors_is_refused_and_runs_nothing(tmp_path):
-    from isoprobe.models.compression import COMPRESSION_JSON, COMPRESSION_WEIGHTS
+    from isoprobe.models.compression_files import COMPRESSION_JSON, COMPRESSION_WEIGHTS
 
     marker = tmp_path / "ran"
     directory = bundled_copy(tmp_path, "chronos-bolt-mini", ("config.json", "model.safetensors"))

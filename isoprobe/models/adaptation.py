@@ -29,7 +29,7 @@ from peft.tuners.lora import Linear as LoraLinear
 from torch import Tensor, nn
 
 from isoprobe.models.base import ATTENTION_PROJECTIONS, ForecastModule
-from isoprobe.models.compression import _set_module
+from isoprobe.models.compression import set_module
 
 ADAPT_CHOICES = ("full", "lora", "frozen_backbone", "head_only")
 
@@ -135,12 +135,12 @@ def adapters_merged(model: nn.Module) -> Iterator[None]:
     merged weight ``W + (alpha / r) B A``; afterwards the LoRA layers are back, untouched."""
     layers = lora_layers(model)
     for path, layer in layers.items():
-        _set_module(model, path, _merged_base(layer))
+        set_module(model, path, _merged_base(layer))
     try:
         yield
     finally:
         for path, layer in layers.items():
-            _set_module(model, path, layer)
+            set_module(model, path, layer)
 
 
 def _merged_base(layer: EffectiveLoraLinear) -> nn.Module:

@@ -278,3 +278,14 @@ def scratch_fields(
     if size not in sizes:
         raise ValueError(f"model.size={size!r} is not one of model.sizes: {sorted(sizes)}")
     return sizes[size]
+
+
+def scratch_shape(
+    fields: Mapping[str, Any] | None, settings: str = "model.sizes and model.size"
+) -> Mapping[str, Any]:
+    """The fields :func:`scratch_fields` found, which ``checkpoint=scratch`` builds a model
+    from; where there are none, a :class:`CheckpointError` naming the ``settings`` that give
+    them."""
+    if fields is None:
+        raise CheckpointError(f"model.checkpoint=scratch needs {settings}")
+    return fields

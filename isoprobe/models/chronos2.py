@@ -43,6 +43,7 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.quantiles import register_level_weights
 
@@ -321,9 +322,7 @@ def _first_argument_through(tap: nn.Module, _module: nn.Module, args: tuple) -> 
 
 def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Chronos2Model:
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        fields = {**CHRONOS2_FIELDS, **copy.deepcopy(dict(scratch))}
+        fields = {**CHRONOS2_FIELDS, **copy.deepcopy(dict(scratch_shape(scratch)))}
         fields["chronos_config"] = dict(fields["chronos_config"])
         return Chronos2Model(Chronos2CoreConfig(**fields))
     source = resolved.location

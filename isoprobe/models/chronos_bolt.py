@@ -40,8 +40,6 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
-    t5_self_attention_weights,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -51,12 +49,14 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.quantiles import (
     is_evenly_spaced,
     quantiles_of_padded_heads,
     register_level_weights,
 )
+from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 
 try:
     from chronos.chronos_bolt import ChronosBoltConfig, ChronosBoltModelForForecasting
@@ -322,9 +322,7 @@ def _load(
     resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
 ) -> ChronosBoltModelForForecasting:
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        config = T5Config(**{**BOLT_T5_FIELDS, **scratch})
+        config = T5Config(**{**BOLT_T5_FIELDS, **scratch_shape(scratch)})
         _check_bolt_config(config, "model.sizes")
         return ChronosBoltModelForForecasting(config)
     source = resolved.location

@@ -23,8 +23,6 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
-    t5_self_attention_weights,
 )
 from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
@@ -34,7 +32,10 @@ from isoprobe.models.checkpoints import (
     load_pretrained,
     pretrained_config,
     resolve_checkpoint,
+    scratch_fields,
+    scratch_shape,
 )
+from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 from isoprobe.models.t5_sampling import sample_tokens
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,10 @@ class ChronosT5Module(ForecastModule):
         checkpoint: ``auto`` | ``bundled`` | ``scratch`` | a local HF directory | a hub id.
         hub_id: the official checkpoint ``auto`` prefers when it is cached or reachable.
         bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
-        scratch_t5: ``T5Config`` fields for ``checkpoint=scratch``.
-        scratch_chronos: ``ChronosConfig`` fields for ``checkpoint=scratch``.
+        size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
+        sizes: named ``T5Config`` fields with a ``chronos_config`` (``ChronosConfig`` fields:
+            the tokenizer's and the lengths), as in the official config.json files (``mini``:
+            the bundled shape).
         num_samples / temperature / top_k / top_p: sampling settings of forecasts.
         sampler: ``fast`` draws from the same distribution as ``ChronosPipeline`` several
             times faster, with other random draws (:mod:`isoprobe.models.t5_sampling`);
@@ -75,8 +78,8 @@ class ChronosT5Module(ForecastModule):
         checkpoint: str = "auto",
         hub_id: str = "amazon/chronos-t5-tiny",
         bundled_name: str = "chronos-t5-mini",
-        scratch_t5: Mapping[str, Any] | None = None,
-        scratch_chronos: Mapping[str, Any] | None = None,
+        size: str = "mini",
+        sizes: Mapping[str, Mapping[str, Any]] | None = None,
         num_samples: int = 20,
         temperature: float = 1.0,
         top_k: int = 50,
@@ -100,7 +103,7 @@ class ChronosT5Module(ForecastModule):
                 f"{top_p}; model.top_k=1 samples the most likely token"
             )
         self.sampler = sampler
-        t5, chronos_config = _load(self.resolved_checkpoint, scratch_t5, scratch_chronos)
+        t5, chronos_config = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
         saved = getattr(t5.config, FIXED_EMBEDDING_KEY, None)
         if input_embedding == "chebyshev" and saved is None:
             if self.resolved_checkpoint.kind != "scratch":
@@ -328,16 +331,12 @@ class ChronosT5Module(ForecastModule):
 
 
 def _load(
-    resolved: ResolvedCheckpoint,
-    scratch_t5: Mapping[str, Any] | None,
-    scratch_chronos: Mapping[str, Any] | None,
+    resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
 ) -> tuple[T5ForConditionalGeneration, ChronosConfig]:
     if resolved.kind == "scratch":
-        if scratch_t5 is None or scratch_chronos is None:
-            raise CheckpointError(
-                "model.checkpoint=scratch needs model.scratch_t5 and scratch_chronos"
-            )
-        return T5ForConditionalGeneration(T5Config(**scratch_t5)), ChronosConfig(**scratch_chronos)
+        t5_fields = dict(scratch_shape(scratch))
+        chronos_fields = dict(t5_fields.pop("chronos_config"))
+        return T5ForConditionalGeneration(T5Config(**t5_fields)), ChronosConfig(**chronos_fields)
     source = resolved.location
     config = pretrained_config(
         source, "model=chronos loads Chronos-T5 checkpoints such as amazon/chronos-t5-small."

@@ -40,6 +40,7 @@ from isoprobe.models.checkpoints import (
     read_safetensors,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.lag_llama_checkpoint import (
     PickledObject,
@@ -119,9 +120,7 @@ class LagLlamaModule(ForecastModule):
         resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
     ) -> tuple[dict, dict | None]:
         if resolved.kind == "scratch":
-            if scratch is None:
-                raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-            config = dict(scratch)
+            config = dict(scratch_shape(scratch))
             if config.get("lags_seq") in (None, "official"):
                 config["lags_seq"] = list(official_lags())
             return config, None

@@ -17,6 +17,7 @@ from isoprobe.models.checkpoints import (
     ResolvedCheckpoint,
     read_json_config,
     read_safetensors,
+    scratch_shape,
 )
 
 if TYPE_CHECKING:
@@ -175,9 +176,8 @@ def distribution_output(source: str, spec: Any):
 def load_moirai(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> MoiraiModule:
     MoiraiModule, _ = import_uni2ts()
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        fields = {**scratch, "patch_sizes": tuple(scratch["patch_sizes"])}
+        shape = scratch_shape(scratch)
+        fields = {**shape, "patch_sizes": tuple(shape["patch_sizes"])}
         return MoiraiModule(distr_output=official_mixture(), **fields)
     source = resolved.location
     config = read_json_config(Path(_fetch(resolved, CONFIG_NAME)))

@@ -34,6 +34,7 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,10 @@ class PatchTSTModule(ForecastModule):
         head = {"loss": loss, "distribution_output": distribution_output}
         if self.resolved_checkpoint.kind == "scratch":
             self.model = _scratch(
-                _size_fields(size, sizes), head, self.context_length, self.prediction_length
+                scratch_shape(scratch_fields(size, sizes)),
+                head,
+                self.context_length,
+                self.prediction_length,
             )
         else:
             self.model = _load(
@@ -225,13 +229,6 @@ class PatchTSTModule(ForecastModule):
         per_window = layer + (2 * samples + 2) * self.prediction_length
         weights = self.weight_floats(training=False)
         return 4 * (batch_size * per_window + weights)
-
-
-def _size_fields(size: str, sizes: Mapping[str, Mapping[str, Any]] | None) -> Mapping[str, Any]:
-    fields = scratch_fields(size, sizes)
-    if fields is None:
-        raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-    return fields
 
 
 def _scratch(

@@ -39,6 +39,7 @@ from isoprobe.models.checkpoints import (
     pretrained_config,
     resolve_checkpoint,
     scratch_fields,
+    scratch_shape,
 )
 from isoprobe.models.quantiles import register_level_weights
 
@@ -337,9 +338,7 @@ class TimesFmModule(ForecastModule):
 
 def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> nn.Module:
     if resolved.kind == "scratch":
-        if scratch is None:
-            raise CheckpointError("model.checkpoint=scratch needs model.sizes and model.size")
-        config = TimesFmConfig(**scratch)
+        config = TimesFmConfig(**scratch_shape(scratch))
         _check_patches(config, "model.sizes")
         return TimesFmModelForPrediction(config)
     source = resolved.location

@@ -41,8 +41,8 @@ from isoprobe.models.compression import (
     check_attention_choice,
     compress_attention,
     depth_scaled_eps,
-    export_compressed,
 )
+from isoprobe.models.compression_files import export_compressed
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 
 COLUMNS = (

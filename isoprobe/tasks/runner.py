@@ -20,11 +20,8 @@ from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.adaptation import adapt_model, check_adapt, merged_export, parameter_counts
 from isoprobe.models.base import ForecastModule
-from isoprobe.models.compression import (
-    apply_saved_compression,
-    export_compressed,
-    low_rank_attention,
-)
+from isoprobe.models.compression import low_rank_attention
+from isoprobe.models.compression_files import apply_saved_compression, export_compressed
 from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import compress_settings, run_compress

@@ -55,8 +55,9 @@ def test_patchtst_from_scratch_trains_inside_a_zero_shot_grid(tmp_path):
 
 def test_the_constant_rank_arm_has_the_flow_arms_attention_size_on_the_mini(tmp_path):
     cfg = compose_config(tmp_path, ["experiment=rank/low_rank_pretraining"])
-    layers = cfg.model.scratch_t5.num_layers
-    half = cfg.model.scratch_t5.num_heads * cfg.model.scratch_t5.d_kv // 2
+    shape = cfg.model.sizes[cfg.model.size]
+    layers = shape.num_layers
+    half = shape.num_heads * shape.d_kv // 2
     flow = flow_of_ranks_schedule(layers, cfg.model.low_rank.r_first, half, 0.5)
     constant = compose_config(
         tmp_path, ["experiment=rank/low_rank_pretraining", "low_rank@model.low_rank=constant"]

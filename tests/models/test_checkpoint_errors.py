@@ -11,7 +11,7 @@ import pytest
 
 from isoprobe.models.checkpoints import BUNDLED_DIR, SHIPPED, CheckpointError
 from isoprobe.tasks.runner import build_model
-from tests.conftest import TINY_MODEL, compose_config
+from tests.conftest import CONFIG_DIR, TINY_MODEL, compose_config
 
 
 def build(tmp_path, model: str, *overrides: str, lengths=(32, 8)):
@@ -71,3 +71,10 @@ def test_a_shipped_checkpoint_missing_from_the_install_says_reinstall(tmp_path, 
     monkeypatch.setattr(checkpoints, "BUNDLED_DIR", tmp_path / "empty")
     with pytest.raises(CheckpointError, match=r"installation of isoprobe is incomplete"):
         build(tmp_path, "chronos_bolt", "model.checkpoint=bundled")
+
+
+@pytest.mark.parametrize("model", sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))
+def test_scratch_without_sizes_names_the_settings_it_needs(tmp_path, model):
+    needs = "model.sizes.gpt2" if model == "llm" else "model.sizes and model.size"
+    with pytest.raises(CheckpointError, match=f"model.checkpoint=scratch needs {needs}"):
+        build(tmp_path, model, "model.checkpoint=scratch", "model.sizes=null")

@@ -19,20 +19,17 @@ from isoprobe.models.checkpoints import CheckpointError, bundled_path
 from isoprobe.tasks.resume import check_resume_checkpoint
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos.yaml")
+#: the scratch shapes (``model.sizes``); ``mini`` is the bundled checkpoint's
+SIZES = OmegaConf.to_container(CONFIG.sizes)
 CONTEXT, HORIZON = 24, 8
 
 
 def make_module(checkpoint: str = "scratch", **kwargs) -> ChronosT5Module:
     torch.manual_seed(0)
-    scratch_t5 = {
-        **OmegaConf.to_container(CONFIG.scratch_t5),
-        "num_layers": 2,
-        "num_decoder_layers": 2,
-    }
+    mini = {**SIZES["mini"], "num_layers": 2, "num_decoder_layers": 2}
     module = ChronosT5Module(
         checkpoint=checkpoint,
-        scratch_t5=scratch_t5,
-        scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+        sizes={"mini": mini},
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
         context_length=CONTEXT,
         prediction_length=HORIZON,
@@ -161,12 +158,17 @@ def test_scratch_shape_is_the_configured_t5():
     assert module.chronos_config.prediction_length == HORIZON
 
 
+def test_an_unknown_scratch_size_is_refused_with_the_known_ones():
+    known = r"model.size='huge' is not one of model.sizes: \['mini'\]"
+    with pytest.raises(ValueError, match=known):
+        make_module(size="huge")
+
+
 @pytest.mark.parametrize("checkpoint", ["scratch", "bundled"])
 def test_loaded_model_is_in_training_mode_so_fine_tuning_uses_dropout(checkpoint):
     module = ChronosT5Module(
         checkpoint=checkpoint,
-        scratch_t5=OmegaConf.to_container(CONFIG.scratch_t5),
-        scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+        sizes=SIZES,
         optimizer=partial(torch.optim.AdamW, lr=1e-3),
         context_length=CONTEXT,
         prediction_length=HORIZON,
@@ -230,9 +232,9 @@ def test_a_chronos_bolt_checkpoint_is_recognised(tmp_path):
 def official_checkpoint(directory: Path, context_length: int) -> Path:
     """A tiny random Chronos-T5 saved in the official format (a T5 whose config.json carries a
     ``chronos_config``) that reads ``context_length`` steps and forecasts HORIZON."""
-    shape = {**OmegaConf.to_container(CONFIG.scratch_t5), "num_layers": 2, "num_decoder_layers": 2}
+    shape = {**SIZES["mini"], "num_layers": 2, "num_decoder_layers": 2}
     chronos = {
-        **OmegaConf.to_container(CONFIG.scratch_chronos),
+        **shape.pop("chronos_config"),
         "context_length": context_length,
         "prediction_length": HORIZON,
         "num_samples": 6,
@@ -294,7 +296,7 @@ def test_export_keeps_the_loaded_checkpoints_chronos_config(tmp_path):
 
 def test_export_of_a_model_pretrained_here_records_the_runs_lengths(tmp_path):
     module = make_module()  # scratch, whose config says 512 / 64 steps
-    assert CONFIG.scratch_chronos.context_length != CONTEXT
+    assert SIZES["mini"]["chronos_config"]["context_length"] != CONTEXT
     module.export(str(tmp_path / "export"))
     chronos = json.loads((tmp_path / "export/config.json").read_text())["chronos_config"]
     assert (chronos["context_length"], chronos["prediction_length"]) == (CONTEXT, HORIZON)
@@ -307,8 +309,7 @@ def test_training_memory_grows_with_the_square_of_the_context_and_linearly_with_
     def build(context: int) -> ChronosT5Module:
         return ChronosT5Module(
             checkpoint="scratch",
-            scratch_t5=OmegaConf.to_container(CONFIG.scratch_t5),
-            scratch_chronos=OmegaConf.to_container(CONFIG.scratch_chronos),
+            sizes=SIZES,
             optimizer=partial(torch.optim.AdamW, lr=1e-3),
             context_length=context,
             prediction_length=HORIZON,

@@ -13,17 +13,16 @@ import torch
 from torch import nn
 
 from isoprobe.models.compression import (
-    COMPRESSION_JSON,
     FactoredLinear,
     attention_matrices,
     attention_sizes,
     compress_attention,
     depth_scaled_eps,
-    export_compressed,
     factor_at_rank_fraction,
     factorise,
     flow_of_ranks_schedule,
 )
+from isoprobe.models.compression_files import COMPRESSION_JSON, export_compressed
 from isoprobe.tasks import run_task
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config

@@ -62,7 +62,7 @@ def test_last_means_the_last_block_of_each_stack(tiny_config):
     datamodule = instantiate(cfg.data)
     datamodule.setup("fit")
     model = build_model(cfg.model, datamodule)
-    layers = cfg.model.scratch_t5.num_layers - 1
+    layers = cfg.model.sizes[cfg.model.size].num_layers - 1
     assert IsotropyRegularizer(0.1).layer_names(model) == [f"encoder.{layers}", f"decoder.{layers}"]
     with pytest.raises(KeyError, match="unknown .* layer 'encoder.99'"):
         IsotropyRegularizer(0.1, layers=["encoder.99"]).layer_names(model)

@@ -28,13 +28,13 @@ from isoprobe.models.base import (
     Forecast,
     ForecastModule,
     check_probe_site,
-    t5_cross_attention_weights,
 )
-from isoprobe.models.checkpoints import CheckpointError, resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields, scratch_shape
 from isoprobe.models.llm.grammar import NumberGrammar, StopAfterValues
 from isoprobe.models.llm.loading import ARCHITECTURES, HUB_IDS, SERIALIZER_KEY, load_lm
 from isoprobe.models.llm.prompts import Encoded, PromptEncoding
 from isoprobe.models.llm.serialization import COMMA, CharVocabulary, Serializer
+from isoprobe.models.t5_attention import t5_cross_attention_weights
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ class LlmModule(PromptEncoding, ForecastModule):
             checkpoint, hub_id or HUB_IDS[arch], bundled_name or f"llm-{arch}-mini"
         )
         scratch = scratch_fields(size, (sizes or {}).get(arch))
-        if self.resolved_checkpoint.kind == "scratch" and scratch is None:
-            raise CheckpointError(f"model.checkpoint=scratch needs model.sizes.{arch}")
+        if self.resolved_checkpoint.kind == "scratch":
+            scratch = scratch_shape(scratch, f"model.sizes.{arch}")
         self.serializer = Serializer(precision, max_digits, alpha)
         self.lm, self.vocabulary, self.token_map = load_lm(
             self.resolved_checkpoint, arch, scratch, self.serializer

@@ -1,0 +1,92 @@
+"""Where one probe's results go: :class:`ProbeOutput` (global rank zero only).
+
+Its records' CSV file (a file of another run is kept aside, not overwritten), its pictures on
+the figure schedule (the first and the last probe of a run, and every
+``figures_every_n_epochs``-th epoch when that is positive; none when it is -1), the end-of-fit
+trajectory plot, and every logger of the Trainer under the probe's ``log_prefix``
+(:mod:`isoprobe.callbacks.publish`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from isoprobe.callbacks.plots import save_trajectories
+from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
+from isoprobe.callbacks.records import keep_foreign_file, write_records
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import WandbLogger
+
+if TYPE_CHECKING:
+    from isoprobe.callbacks.probe import Measurement, Probe
+
+
+class ProbeOutput:
+    """The files and logger output of ``probe``, which it holds as ``probe.output``.
+
+    Attributes:
+        csv_checked: whether the CSV file in the probe's directory was checked for another
+            run's records (reset when the probe is set up again).
+    """
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+        self.csv_checked = False
+        self._wandb_defined: set[int] = set()
+        self._drawn_any = False
+        self._undrawn: tuple[int, Measurement] | None = None
+
+    def write_csv(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
+        """Write every record so far to the probe's CSV file."""
+        if not trainer.is_global_zero:
+            return
+        if not self.csv_checked:
+            keep_foreign_file(self.probe.csv_path, records)
+            self.csv_checked = True
+        write_records(self.probe.csv_path, records)
+
+    def publish(
+        self,
+        trainer: Trainer,
+        epoch: int,
+        step: int,
+        records: list[dict[str, Any]],
+        measurement: Measurement,
+        all_records: list[dict[str, Any]],
+    ) -> None:
+        """One probed epoch (its ``records`` among ``all_records``): the CSV, the pictures when
+        the schedule draws them, the loggers."""
+        probe = self.probe
+        self.write_csv(trainer, all_records)
+        every = probe.figures_every_n_epochs
+        if every >= 0 and (not self._drawn_any or (every > 0 and epoch % every == 0)):
+            self._draw(epoch, measurement)
+        elif every >= 0:
+            self._undrawn = (epoch, measurement)
+        metrics = scalar_metrics(probe.log_prefix, epoch, records, probe.seconds[epoch])
+        media = None
+        if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+            media = probe.wandb_media(epoch, measurement) if every >= 0 else {}
+            if probe.log_tables:
+                media[f"{probe.log_prefix}/table"] = records_table(epoch, records)
+        log_epoch(trainer.loggers, step, probe.log_prefix, metrics, media, self._wandb_defined)
+
+    def finish(self, trainer: Trainer, all_records: list[dict[str, Any]]) -> None:
+        """At the end of fit: the last probe's pictures if the schedule left them undrawn, and
+        the trajectory plot of every metric against epoch."""
+        probe = self.probe
+        if trainer.is_global_zero and self._undrawn is not None:
+            epoch, measurement = self._undrawn
+            self._draw(epoch, measurement)
+            for key, path in probe.figure_paths(epoch).items():
+                if path.is_file():
+                    log_image(trainer.loggers, key, path)
+        if trainer.is_global_zero and all_records:
+            path = probe.output_path / probe.trajectory_png
+            if save_trajectories(path, all_records):
+                log_image(trainer.loggers, f"{probe.log_prefix}/trajectories", path)
+
+    def _draw(self, epoch: int, measurement: Measurement) -> None:
+        self.probe.save_artefacts(self.probe.output_path, epoch, measurement)
+        self._drawn_any = True
+        self._undrawn = None
