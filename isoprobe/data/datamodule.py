@@ -232,7 +232,7 @@ class TimeSeriesDataModule(L.LightningDataModule):
             starts[segment] = starts[segment][
                 evenly_spaced(len(starts[segment]), self.max_eval_windows)
             ]
-        self._check_not_empty(starts, lengths)
+        self._check_not_empty(starts, lengths, training=stage in (None, "fit"))
         report.windows = {segment: len(rows) for segment, rows in starts.items()}
         self.train_dataset, self.val_dataset, self.test_dataset = (
             WindowDataset(
@@ -244,9 +244,17 @@ class TimeSeriesDataModule(L.LightningDataModule):
         if report.worth_a_warning and rank_zero_only.rank == 0:
             log.warning("data set %s: %s", self.dataset, report.as_dict())
 
-    def _check_not_empty(self, starts: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+    def _check_not_empty(
+        self, starts: dict[str, np.ndarray], lengths: np.ndarray, training: bool
+    ) -> None:
+        """Every segment the run reads must hold a window: a run set up for another stage than
+        ``fit`` (zero-shot probing, compression) reads no training window, so a data set whose
+        series are too short for one at this context is still probed and forecast."""
+        needed = SEGMENTS if training else tuple(s for s in SEGMENTS if s != "train")
         empty = [
-            s for s, f in zip(SEGMENTS, self.split, strict=True) if f > 0 and len(starts[s]) == 0
+            s
+            for s, f in zip(SEGMENTS, self.split, strict=True)
+            if s in needed and f > 0 and len(starts[s]) == 0
         ]
         if empty:
             raise ValueError(

@@ -45,6 +45,8 @@ from isoprobe.tasks.summary import format_summary
 log = logging.getLogger(__name__)
 
 TASKS = ("finetune", "probe", "pretrain", "compress", "analyze")
+#: the tasks that train, and so need training windows
+TRAINING_TASKS = ("finetune", "pretrain")
 
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
@@ -118,7 +120,7 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
-    datamodule.setup("fit")
+    datamodule.setup("fit" if cfg.task.name in TRAINING_TASKS else "validate")
     model = build_model(cfg.model, datamodule)
     model.regularizer = IsotropyRegularizer.from_config(
         OmegaConf.to_container(cfg.regularizer, resolve=True) if cfg.get("regularizer") else None
@@ -182,7 +184,7 @@ def _continue_resumed_wandb_runs(
 def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
     task, ckpt_path = cfg.task.name, cfg.get("ckpt_path")
     results: dict[str, Any] = {"task": task}
-    training = task in ("finetune", "pretrain")
+    training = task in TRAINING_TASKS
     check_memory_fits(model, datamodule, trainer, training)
     if task == "compress":
         return {**results, **run_compress(cfg, trainer, model, datamodule)}

@@ -107,6 +107,22 @@ def test_a_segment_without_windows_is_an_error():
         module([np.arange(9.0)], context_length=1, prediction_length=3)
 
 
+def test_a_zero_shot_run_needs_no_training_window():
+    """Length 20, split 10 / 5 / 5, context 10: no training window ends inside the first 10
+    steps, but validation and test windows exist; a run set up to train is refused by name, one
+    set up to validate (task=probe, task=compress) reads the windows it has."""
+    series = [np.arange(20.0)]
+    lengths = {"context_length": 10, "prediction_length": 3, "eval_stride": 1}
+    with pytest.raises(ValueError, match="no train window"):
+        module(series, **lengths)
+    dm = TimeSeriesDataModule(
+        GIVEN, dataset_kwargs={"series": series}, split=(0.5, 0.25, 0.25), **lengths
+    )
+    dm.setup("validate")
+    assert dm.report["windows"] == {"train": 0, "val": 3, "test": 3}
+    assert [int(item["target"][0]) for item in items(dm.val_dataset)] == [10, 11, 12]
+
+
 def test_noise_is_relative_seeded_and_reaches_the_windows():
     clean = 1000.0 * np.sin(np.arange(4000) / 10.0)
     kwargs = dict(noise_std=0.05, seed=7, context_length=10, prediction_length=10)
