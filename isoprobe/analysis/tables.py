@@ -16,8 +16,16 @@ NOT_SETTINGS = ("seed", "domain")
 
 def swept_settings(study: Study) -> list[str]:
     """The run-table columns that vary across the runs and describe a setting (not the run,
-    its seed, its data set or a forecast metric)."""
-    return varying_factors(study.runs, (*NOT_SETTINGS, "dataset", "model"))
+    its seed, its data set or a forecast metric). Over several data sets, a column with one
+    value per data set follows from the data set rather than being swept (the ``data``
+    override, a domain's own context length and horizon) and is left out, so that an
+    adaptation sweep over domains compares its strategies, not its domains."""
+    runs = study.runs
+    settings = varying_factors(runs, (*NOT_SETTINGS, "dataset", "model"))
+    if "dataset" not in runs or runs["dataset"].nunique() < 2:
+        return settings
+    as_text = runs[settings].astype(str).groupby(runs["dataset"].astype(str))
+    return [c for c in settings if as_text[c].nunique().max() > 1]
 
 
 def geometry_change(study: Study) -> pd.DataFrame:

@@ -125,6 +125,29 @@ def test_geometry_change_per_swept_setting_over_the_runs_that_trained():
     assert table.loc["full", "mean_abs_change"] == pytest.approx(0.6)
 
 
+def test_settings_that_follow_from_the_data_set_are_not_swept_settings():
+    """An adaptation sweep over domains: the strategy is swept; the ``data`` override and the
+    domain's context length change with the data set and are not compared as settings; a
+    context length swept on one data set is."""
+    from isoprobe.analysis.tables import swept_settings
+
+    runs = pd.DataFrame(
+        [
+            {"run": f"{s}-{d}", "model": "m", "dataset": d, "data": f"domain_{d}",
+             "context_length": length, "model.adapt": s}
+            for s in ("full", "lora")
+            for d, length in (("d1", 144), ("d2", 36))
+        ]
+    )  # fmt: skip
+    study = Study(pd.DataFrame(), runs, [], pd.DataFrame())
+    assert swept_settings(study) == ["model.adapt"]
+    one_set = runs[runs["dataset"] == "d1"].assign(context_length=[144, 96])
+    assert swept_settings(Study(pd.DataFrame(), one_set, [], pd.DataFrame())) == [
+        "context_length",
+        "model.adapt",
+    ]
+
+
 def test_one_data_set_gives_no_selection_since_no_direction_can_be_learned():
     one = {"d1": ERRORS["d1"]}
     rows, runs = [], []
