@@ -18,6 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
 # Everything in the test suite runs offline and quiet.
+# Under pytest-xdist (``-n 2``) each worker, and each run it starts, gets one core's share: one
+# torch thread. Two workers of two threads each on two cores spin against each other at every
+# parallel region and run several times slower than one.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -93,6 +101,14 @@ def wandb_records(offline_run: Path) -> list[dict]:
         check=True,
     )
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the slow end-to-end tests first: they are a handful of tests taking
+    half the suite's time, and queued last they leave one worker running them alone while the
+    other idles. Every worker collects the same order, as xdist requires."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:

@@ -3,7 +3,11 @@ process's resident-set high-water mark (Linux's ``VmHWM``), reset to the current
 just before the work (``/proc/self/clear_refs``), less that resident set.
 
 Freed heap memory is handed back to the system first (``malloc_trim``), so that the work cannot
-reuse pages an earlier computation left resident and so hide its own peak.
+reuse pages an earlier computation left resident and so hide its own peak. The reading is the
+process's, not the tensors': in a long-lived process whose heap is fragmented, the allocator may
+place a block in fresh pages while the pages of a block freed a moment ago stay resident, and the
+reading then exceeds the most the work's tensors held at once. Measure in a fresh process (a run,
+a bench) for the work's own figure.
 """
 
 from __future__ import annotations
