@@ -23,8 +23,18 @@ its default adapters against ``model.adapt=lora`` (whose defaults are that fit's
 q/k/v/o of the self- and group attention and the head's output layer). Both start from the same
 seeded random base weights; the adapters start as each library initialises them.
 
+Precision (``--precisions``): isoprobe runs once per Lightning ``trainer.precision`` in each
+round; the reference stays in float32, as chronos-forecasting's script runs on a CPU (its tf32
+setting is a CUDA one). By default ``32-true`` and, where the CPU has bfloat16 instructions
+(AVX512-BF16 or AMX), ``bf16-mixed`` (``torch.autocast`` on the CPU). For a precision other
+than ``32-true`` the bench prints its effect on the forecast: the WQL, on the first batch of
+validation windows, of the model trained in that precision against the one trained in float32
+from the same init on the same batches (both forecasting in float32; the mean over
+``EVAL_SEEDS`` seeds), beside float32's own seed-to-seed spread, the Monte-Carlo noise a sampled
+model's difference is read against.
+
 Run: ``.venv/bin/python bench/train_throughput.py [--models chronos chronos2 --steps 8
---warmup 2 --rounds 2]``.
+--warmup 2 --rounds 2 --precisions 32-true bf16-mixed]``.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from isoprobe.evaluation.forecast_metrics import wql
 from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -68,6 +79,8 @@ DATA = [
     "data.dataset_kwargs.num_series=100",
 ]
 LR = 1e-3
+EXACT = "32-true"
+EVAL_SEEDS = (0, 1, 2)
 
 
 class StepClock:
@@ -135,10 +148,18 @@ def build(out: str, model: str = "chronos", shape: list[str] = SHAPE):
     return cfg, datamodule
 
 
-def isoprobe_throughput(model, datamodule, steps: int, warmup: int) -> float:
+def bf16_supported() -> bool:
+    """Whether this CPU has bfloat16 matrix instructions (AVX512-BF16 or AMX)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def isoprobe_throughput(
+    model, datamodule, steps: int, warmup: int, precision: str = EXACT
+) -> float:
     clock = LightningClock()
     trainer = L.Trainer(
         accelerator="cpu",
+        precision=precision,
         max_steps=steps + warmup,
         callbacks=[clock],
         logger=False,
@@ -229,18 +250,56 @@ def compare(name, shape, reference, weights, args, out, adapt: str = "full") -> 
         weights(model).load_state_dict(init)
         return model
 
-    ref_runs, our_runs = [], []
+    ref_runs, our_runs = [], {precision: [] for precision in args.precisions}
+    trained = {}
     for _ in range(args.rounds):
         ref_runs.append(reference(fresh(), datamodule, args.steps, args.warmup, out))
-        our_runs.append(isoprobe_throughput(fresh(adapt), datamodule, args.steps, args.warmup))
-    ref, ours = max(ref_runs), max(our_runs)
-    print(f"  reference: {ref:8.2f} samples/s")
-    print(f"  isoprobe:  {ours:8.2f} samples/s")
+        for precision, runs in our_runs.items():
+            L.seed_everything(cfg.seed)  # the same batches and dropout draws for each precision
+            trained[precision] = fresh(adapt)
+            runs.append(
+                isoprobe_throughput(
+                    trained[precision], datamodule, args.steps, args.warmup, precision
+                )
+            )
+    ref = max(ref_runs)
+    print(f"  reference: {ref:8.2f} samples/s (float32)")
+    for precision, runs in our_runs.items():
+        ours = max(runs)
+        print(
+            f"  isoprobe {precision}: {ours:8.2f} samples/s, {ours / ref:.2f}x the reference "
+            f"(target >= {target}x); rounds {[round(r, 2) for r in runs]}"
+        )
     print(
-        f"  ratio isoprobe / reference: {ours / ref:.2f}x (target >= {target}x); best of "
-        f"{args.rounds} alternating rounds, each: reference {ref_runs}, isoprobe {our_runs}; load "
-        f"average {os.getloadavg()[0]:.2f}"
+        f"  reference rounds {[round(r, 2) for r in ref_runs]}; best of {args.rounds} "
+        f"alternating rounds; load average {os.getloadavg()[0]:.2f}"
     )
+    if EXACT in trained:
+        print_wql_effect(trained, datamodule)
+
+
+def validation_wql(model, batch, seed: int) -> float:
+    """WQL of ``model``'s float32 forecast of ``batch``, seeded."""
+    torch.manual_seed(seed)
+    forecast = model.eval().forecast(batch)
+    return wql(forecast.quantiles, batch["target"], model.quantile_levels).item()
+
+
+def print_wql_effect(trained: dict, datamodule) -> None:
+    """Each precision's validation WQL against the float32-trained model's (:data:`EVAL_SEEDS`
+    mean), and float32's own seed spread ((max - min) / mean over the seeds)."""
+    batch = next(iter(datamodule.val_dataloader()))
+    losses = {p: [validation_wql(m, batch, s) for s in EVAL_SEEDS] for p, m in trained.items()}
+    exact = sum(losses[EXACT]) / len(EVAL_SEEDS)
+    spread = (max(losses[EXACT]) - min(losses[EXACT])) / exact
+    for precision, values in losses.items():
+        if precision != EXACT:
+            mean = sum(values) / len(values)
+            print(
+                f"  WQL after training, {precision}: {mean:.4f} against {exact:.4f} in "
+                f"{EXACT} ({mean / exact - 1:+.2%}; {EXACT}'s seed spread {spread:.2%}; "
+                f"{len(batch['target'])} validation windows)"
+            )
 
 
 def main() -> None:
@@ -254,6 +313,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=[EXACT, "bf16-mixed"] if bf16_supported() else [EXACT],
+        help="isoprobe's trainer.precision values, each timed every round",
+    )
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "

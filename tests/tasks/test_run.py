@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from omegaconf.errors import ConfigAttributeError
 
 from isoprobe.data import UnknownDatasetError
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.tasks import run_task
+from isoprobe.tasks import run_task, runner
 from tests.conftest import ROOT, TINY, compose_config, wandb_home_env, wandb_records
 
 
@@ -40,6 +41,35 @@ def test_finetune_probes_before_training_and_every_epoch(tiny_config, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resolved_checkpoint"] == "scratch"
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_bf16_mixed_trains_in_bfloat16_on_the_cpu_and_keeps_float32_weights(
+    tiny_config, tmp_path, monkeypatch
+):
+    """``trainer.precision=bf16-mixed`` (torch.autocast on the CPU): the training steps'
+    matrix products run in bfloat16, the weights and the checkpoint stay float32, and the probe
+    and the forecast metrics come out finite."""
+    training_dtypes = set()
+    build_model = runner.build_model
+
+    def recording(model_cfg, datamodule):
+        model = build_model(model_cfg, datamodule)
+        head = model.t5.lm_head
+
+        def record(module, args, output):
+            if module.training:
+                training_dtypes.add(output.dtype)
+
+        head.register_forward_hook(record)
+        return model
+
+    monkeypatch.setattr(runner, "build_model", recording)
+    results = run_task(tiny_config("trainer.precision=bf16-mixed", "model.checkpoint=scratch"))
+    assert training_dtypes == {torch.bfloat16}
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.float32}
+    assert probe_csv(tmp_path).value.notna().all()
+    assert all(math.isfinite(results["after"][f"test/{m}"]) for m in ("nmse", "mase", "wql"))
 
 
 def test_probe_task_measures_the_loaded_model_once_without_training(tiny_config, tmp_path):
