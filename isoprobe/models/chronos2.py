@@ -10,9 +10,11 @@ self-attention (across the series of one group, at each position) and a feed-for
 the placeholders' final states give ``len(quantiles) x output_patch_size`` values each.
 
 Groups: isoprobe gives every window its own group (``group_ids = arange(B)``, the model's own
-default), so group attention never mixes windows: a window's representation does not depend on
-which other windows share its batch. Training uses the model's own forward with a target: the
-quantile loss. Forecasts are one direct pass for the whole horizon, as
+default), so group attention never mixes windows at the positions they observe: a window's
+forecast does not depend on which other windows share its batch. Out of training, the group
+attention is then computed without its attention, bit for bit
+(:mod:`isoprobe.models.chronos2_group_attention`). Training uses the model's own forward with
+a target: the quantile loss. Forecasts are one direct pass for the whole horizon, as
 ``Chronos2Pipeline.predict`` does for a horizon within the model's ``max_output_patches``.
 """
 
@@ -45,6 +47,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.chronos2_group_attention import skip_own_group_attention
 from isoprobe.models.quantiles import register_level_weights
 
 try:
@@ -95,6 +98,7 @@ class Chronos2Module(ForecastModule):
         super().__init__(**base)
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         self.model = _load(self.resolved_checkpoint, scratch_fields(size, sizes))
+        skip_own_group_attention(self.model)  # every window its own group: see the module
         self.sort_quantiles = bool(sort_quantiles)
         config = self.model.chronos_config
         if self.context_length > config.context_length:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import importlib
 import json
 import sys
@@ -12,10 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model, Chronos2Pipeline
+from chronos.chronos2.layers import GroupSelfAttention
+from chronos.chronos2.model import Chronos2Encoder
 from omegaconf import OmegaConf
 
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.chronos2 import CHRONOS2_FIELDS, Chronos2Module
+from isoprobe.models.chronos2_group_attention import (
+    OwnGroupSelfAttention,
+    skip_own_group_attention,
+)
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos2.yaml")
 CONTEXT, HORIZON, PATCH = 40, 24, 8
@@ -242,6 +249,69 @@ def test_windows_do_not_mix_across_the_batch():
     alone = module.forecast({k: v[:1] for k, v in batch.items()})
     together = module.forecast(batch)
     torch.testing.assert_close(alone.quantiles, together.quantiles[:1])
+
+
+def group_attention_pair() -> tuple[GroupSelfAttention, OwnGroupSelfAttention]:
+    """The official group attention of the tiny shape, seeded, and a copy made isoprobe's."""
+    torch.manual_seed(2)
+    config = Chronos2CoreConfig(**CHRONOS2_FIELDS, **tiny_fields())
+    official = GroupSelfAttention(config).eval()
+    own = copy.deepcopy(official)
+    skip_own_group_attention(own)
+    assert type(own) is OwnGroupSelfAttention
+    return official, own
+
+
+def group_time_mask(group_ids: list[int], observed: torch.Tensor) -> torch.Tensor:
+    """The model's own additive [T, 1, B, B] mask for these groups and observed positions."""
+    return Chronos2Encoder._construct_and_invert_group_time_mask(
+        torch.tensor(group_ids), observed.float(), torch.float32
+    )
+
+
+def test_own_group_attention_is_the_official_one_bit_for_bit_where_windows_are_alone():
+    """Every window its own group: the value where the window observes the position, the
+    batch's mean value where it does not, exactly as the softmax of the official module."""
+    official, own = group_attention_pair()
+    hidden = torch.randn(5, 6, 32)
+    observed = torch.ones(5, 6)
+    observed[0, :3] = 0  # leading padding
+    observed[3, 4] = 0
+    mask = group_time_mask([0, 1, 2, 3, 4], observed)
+    expected = official(hidden, mask).hidden_states
+    assert torch.equal(own(hidden, mask).hidden_states[observed.bool()], expected[observed.bool()])
+    torch.testing.assert_close(own(hidden, mask).hidden_states, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["shared group", "training", "attention weights"])
+def test_own_group_attention_runs_the_official_forward_where_it_cannot_skip(case):
+    official, own = group_attention_pair()
+    hidden, observed = torch.randn(5, 6, 32), torch.ones(5, 6)
+    groups = [0, 0, 1, 2, 2] if case == "shared group" else [0, 1, 2, 3, 4]
+    mask = group_time_mask(groups, observed)
+    if case == "training":
+        official.train(), own.train()
+    weights = case == "attention weights"
+    torch.manual_seed(3)
+    expected = official(hidden, mask, output_attentions=weights)
+    torch.manual_seed(3)
+    got = own(hidden, mask, output_attentions=weights)
+    assert torch.equal(got.hidden_states, expected.hidden_states)
+    if weights:
+        assert torch.equal(got.attn_weights, expected.attn_weights)
+
+
+def test_the_forecast_is_the_official_modules_bit_for_bit():
+    """The whole model with the official group attention put back forecasts the same bits,
+    with a window whose first patch is padding."""
+    module, batch = make_module(), make_batch()
+    official = copy.deepcopy(module)
+    for layer in official.modules():
+        if type(layer) is OwnGroupSelfAttention:
+            layer.__class__ = GroupSelfAttention
+    assert any(type(m) is OwnGroupSelfAttention for m in module.modules())
+    assert not any(type(m) is OwnGroupSelfAttention for m in official.modules())
+    assert torch.equal(module.forecast(batch).quantiles, official.forecast(batch).quantiles)
 
 
 def test_an_official_checkpoint_loads_and_forecasts_identically(tmp_path):

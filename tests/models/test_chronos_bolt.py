@@ -24,6 +24,7 @@ from isoprobe.models.quantiles import (
     is_evenly_spaced,
     quantiles_of_padded_heads,
 )
+from isoprobe.models.t5_attention import OnePositionSelfAttention
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos_bolt.yaml")
 LEVELS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -209,6 +210,27 @@ def test_export_is_the_official_format(tmp_path):
     pipeline = ChronosBoltPipeline.from_pretrained(tmp_path / "export")
     expected = pipeline.predict(batch["context"], prediction_length=8).sort(dim=1).values
     assert torch.allclose(module.forecast(batch).quantiles, expected, atol=1e-5)
+
+
+def test_the_decoder_skips_what_one_position_needs_not(tmp_path, checkpoint):
+    """One decoder position per forward: no cache is built (it would be thrown away) and the
+    self-attention is the position's value (:class:`OnePositionSelfAttention`), while the
+    exported config.json says what the official one says. The forecasts stay the official
+    pipeline's bit for bit (the tests above)."""
+    module, batch = make_module(str(checkpoint)), make_batch()
+    attention = [type(block.layer[0].SelfAttention) for block in module.model.decoder.block]
+    assert attention == [OnePositionSelfAttention] * len(module.model.decoder.block)
+    caches = []
+    module.model.decoder.register_forward_hook(
+        lambda _module, _args, output: caches.append(output.past_key_values)
+    )
+    module.forecast(batch)
+    module.loss(batch)
+    assert caches == [None, None]
+    module.export(str(tmp_path / "export"))
+    official = json.loads((checkpoint / "config.json").read_text())
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["use_cache"] == official["use_cache"] is True
 
 
 def test_loss_equals_an_independent_quantile_loss():
