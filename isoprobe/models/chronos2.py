@@ -47,11 +47,12 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
-from isoprobe.models.chronos2_group_attention import skip_own_group_attention
 from isoprobe.models.quantiles import register_level_weights
 
 try:
     from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
+
+    from isoprobe.models.chronos2_group_attention import skip_own_group_attention
 except ImportError as err:  # chronos-forecasting missing, or older than Chronos-2
     raise ImportError(
         f"model=chronos2 needs chronos-forecasting's Chronos2Model ({err}). "

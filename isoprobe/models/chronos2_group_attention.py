@@ -20,15 +20,8 @@ matrix), when attention weights are asked for, or when the mask keeps any key of
 
 from __future__ import annotations
 
+from chronos.chronos2.layers import AttentionOutput, GroupSelfAttention
 from torch import Tensor, nn
-
-try:
-    from chronos.chronos2.layers import AttentionOutput, GroupSelfAttention
-except ImportError as err:  # chronos-forecasting missing, or older than Chronos-2
-    raise ImportError(
-        f"model=chronos2 needs chronos-forecasting's Chronos-2 ({err}). "
-        "Install it with pip install 'chronos-forecasting>=2.0,<3'"
-    ) from err
 
 
 class OwnGroupSelfAttention(GroupSelfAttention):
