@@ -256,7 +256,7 @@ class Probe(Callback, ABC):
         # trainer.log_dir broadcasts from rank 0, so every rank asks for it
         root = self.output_dir if self.output_dir else trainer.log_dir or trainer.default_root_dir
         self._dir = Path(root)
-        self.output.csv_checked = False
+        self.output.new_directory()
         probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
         defaults = inspect.signature(Probe.__init__).parameters
         settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})

@@ -26,7 +26,7 @@ class ProbeOutput:
 
     Attributes:
         csv_checked: whether the CSV file in the probe's directory was checked for another
-            run's records (reset when the probe is set up again).
+            run's records (until :meth:`new_directory`).
     """
 
     def __init__(self, probe: Probe) -> None:
@@ -35,6 +35,11 @@ class ProbeOutput:
         self._wandb_defined: set[int] = set()
         self._drawn_any = False
         self._undrawn: tuple[int, Measurement] | None = None
+
+    def new_directory(self) -> None:
+        """The probe was set up again, maybe in another directory: check its CSV file anew
+        before the first write."""
+        self.csv_checked = False
 
     def write_csv(self, trainer: Trainer, records: list[dict[str, Any]]) -> None:
         """Write every record so far to the probe's CSV file."""
