@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -149,11 +150,22 @@ def test_unknown_dataset_names_the_known_ones(tiny_config):
         run_task(tiny_config("data.dataset=not_a_set"))
 
 
+def run_py_env(extra: dict | None = None) -> dict[str, str]:
+    """The environment of a ``run.py`` subprocess: offline, and with the torch threads of the
+    test process (one under pytest-xdist: a run of two threads beside the other worker would
+    spin against it on two cores), then ``extra``."""
+    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
+    if "OMP_NUM_THREADS" in os.environ:
+        env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+    return {**env, **(extra or {})}
+
+
 def run_py(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python run.py <args>`` offline; fails the test with the end of stderr."""
-    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", **(env or {})}
     command = [sys.executable, "run.py", *args]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command, cwd=ROOT, env=run_py_env(env), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -361,14 +373,13 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_runs(tiny_co
 def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_duplicates(tmp_path):
     """SIGKILL right after the first epoch's checkpoint: W&B holds every epoch the checkpoint
     holds, and the resumed run adds exactly the epochs after it."""
-    env = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin:/bin"}
-    env.update(wandb_home_env(tmp_path))
+    env = wandb_home_env(tmp_path)
     common = [*TINY, "logger=wandb", "model.checkpoint=scratch", "data.max_train_windows=256"]
     common += ["task.evaluate_before=false", "task.evaluate_after=false", "trainer.max_epochs=3"]
     first = tmp_path / "first"
     command = [sys.executable, "run.py", *common, f"hydra.run.dir={first}"]
     process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=ROOT, env=run_py_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     checkpoint = first / "checkpoints" / "epoch_000.ckpt"
     deadline = time.monotonic() + 300
