@@ -31,9 +31,11 @@ class OwnGroupSelfAttention(GroupSelfAttention):
         self, hidden_states: Tensor, attention_mask: Tensor, output_attentions: bool = False
     ) -> AttentionOutput:
         """``hidden_states`` [B, T, d_model]; ``attention_mask`` [T, 1, B, B] (additive)."""
+        if self.training or output_attentions:
+            return super().forward(hidden_states, attention_mask, output_attentions)
         kept = attention_mask.eq(0)
         own = kept.diagonal(dim1=-2, dim2=-1)[:, 0]  # [T, B]: q's own key kept
-        if self.training or output_attentions or kept.sum() != own.sum():
+        if kept.sum() != own.sum():  # a key of another window: groups someone else made
             return super().forward(hidden_states, attention_mask, output_attentions)
         values = self.self_attention.v(self.layer_norm(hidden_states))  # [B, T, H d_kv]
         mixed = values.where(own.T[..., None], values.mean(dim=0, keepdim=True))
