@@ -157,7 +157,7 @@ def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
 def _figures(
     study: Study, table: pd.DataFrame, forecast: str, metric: str, output: Path
 ) -> list[tuple[Path, str]]:
-    factor = (swept_settings(study) or ["model"])[0]
+    factor = figures.colour_factor(study, [*swept_settings(study), "model", "dataset"])
     made = [
         (
             figures.papers_form(study, forecast, metric, output / "papers_form.png"),
@@ -179,7 +179,8 @@ def _figures(
         ),
         (
             figures.flow_of_ranks(study, output / "flow_of_ranks.png"),
-            "Flow of ranks: each model's token ε-rank per block against relative depth",
+            "Flow of ranks: each model's token ε-rank per block against relative depth "
+            "(the median over its runs, the range shaded)",
         ),
     ]
     return [(path, caption) for path, caption in made if path is not None]

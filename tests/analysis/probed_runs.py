@@ -28,9 +28,11 @@ def probed_run(
     rng: np.random.Generator,
     overrides: tuple[str, ...] = (),
     extra_metric: str | None = None,
+    rank_level: float = 64.0,
 ) -> Path:
     """A run of ``model`` on ``dataset`` probed at ``epochs`` epochs (one: zero-shot; more:
-    fine-tuned, with a forecast after) over ``blocks`` encoder blocks, with random values."""
+    fine-tuned, with a forecast after) over ``blocks`` encoder blocks, with random values (the
+    ε-ranks around ``rank_level``, falling with depth)."""
     summary = {"before": {"test/nmse": float(rng.uniform(0.1, 1.0))}}
     if epochs > 1:
         summary["after"] = {"test/nmse": float(rng.uniform(0.1, 1.0))}
@@ -49,7 +51,8 @@ def probed_run(
             for metric in metrics:
                 isotropy.append(("isotropy", epoch, epoch, layer, metric, rng.uniform(), ""))
             for eps in EPSILONS:
-                value = float(rng.integers(1, 128))
+                level = rank_level * float(eps) ** -0.2 * (1 - 0.5 * block / blocks)
+                value = float(np.clip(np.round(level * rng.uniform(0.7, 1.3)), 1, 512))
                 rank.append(("rank", epoch, epoch, layer, f"rank_uncentred_eps{eps}", value, ""))
     columns = ["probe", "epoch", "global_step", "layer", "metric", "value", "note"]
     pd.DataFrame(isotropy, columns=columns).to_csv(directory / "probe_metrics.csv", index=False)
@@ -71,6 +74,7 @@ def grid_study(root: Path, models: int, datasets: int, seed: int = 0) -> Path:
                 epochs=3 if i == models - 1 else 1,
                 rng=rng,
                 overrides=(f"model=model_{i}", f"data=dataset_{j:02d}"),
+                rank_level=16.0 * (i + 1),
             )
     return root
 
