@@ -9,6 +9,7 @@ mathtext: a ``$`` in a data set's name is a dollar sign)."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from isoprobe.analysis.study import Study  # noqa: E402
 
 #: at most this many lines are told apart one colour each (compression); beyond, per model
 MAX_LINES_APART = 10
+#: the report's column in inches at the saved resolution (1200 px at 110 dpi): a figure no
+#: wider is shown at its own size, so that its 7-9 pt labels stay readable
+PAGE_WIDTH = 10.9
 
 
 def _plain_text(draw: Callable[..., Path | None]) -> Callable[..., Path | None]:
@@ -41,6 +45,17 @@ def _figure(rows: int, columns: int, width: float, height: float):
     """A figure of ``rows`` × ``columns`` panels whose layout makes room for every label and
     for a legend placed outside the panels (:func:`_legend_below`)."""
     return plt.subplots(rows, columns, figsize=(width, height), squeeze=False, layout="constrained")
+
+
+def _panels(count: int, width: float, height: float):
+    """A figure of ``count`` panels of ``width`` × ``height`` inches, as many to a row as fit
+    the page (:data:`PAGE_WIDTH`); the panels in order, the spare ones hidden."""
+    columns = max(1, min(count, int(PAGE_WIDTH // width)))
+    rows = -(-count // columns)
+    fig, axes = _figure(rows, columns, width * columns, height * rows)
+    for ax in axes.flat[count:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:count])
 
 
 def _palette(levels: list) -> dict:
@@ -79,7 +94,7 @@ def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | 
     frame = runs[["model", "dataset", forecast]].join(geometry[key].rename(metric))
     models = sorted(frame["model"].dropna().unique())
     datasets = frame["dataset"].nunique()
-    fig, axes = _figure(len(models), 1, max(9.0, 2.0 + 0.55 * datasets), 2.8 * len(models))
+    fig, axes = _figure(len(models), 1, max(PAGE_WIDTH, 2.0 + 0.55 * datasets), 2.8 * len(models))
     for ax, model in zip(axes[:, 0], models, strict=True):
         part = frame[frame["model"] == model].groupby("dataset")[[forecast, metric]].mean()
         positions = np.arange(len(part))
@@ -104,12 +119,10 @@ def scatter(
     if not keys:
         return None
     runs = study.runs.set_index("run")
-    columns = 4
-    rows = int(np.ceil(len(keys) / columns))
-    fig, axes = _figure(rows, columns, 4 * columns, 3.2 * rows)
+    fig, axes = _panels(len(keys), 3.6, 3.2)
     models = sorted(runs["model"].dropna().unique())
     colours = _palette(models)
-    for ax, key in zip(axes.flat, keys, strict=False):
+    for ax, key in zip(axes, keys, strict=True):
         for model in models:
             members = [r for r in runs.index[runs["model"] == model] if r in geometry.index]
             ax.scatter(
@@ -133,10 +146,15 @@ def scatter(
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(f"{key[1]} (last layer)", fontsize=8)
         ax.set_ylabel(forecast, fontsize=8)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    _legend_below(fig, *axes.flat[0].get_legend_handles_labels(), title="model")
+    _legend_below(fig, *axes[0].get_legend_handles_labels(), title="model")
     return _save(fig, path)
+
+
+def _layer_order(layer: str) -> tuple:
+    """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the ``last``
+    and ``mean`` choices after every layer."""
+    parts = re.split(r"(\d+)", str(layer))
+    return (layer in ("last", "mean"), [int(p) if p.isdigit() else p for p in parts])
 
 
 @_plain_text
@@ -144,9 +162,11 @@ def heatmap(table: pd.DataFrame, forecast: str, path: Path) -> Path | None:
     """ρ (group ``all``) over metric × layer choice for ``forecast``."""
     part = table[(table["forecast_metric"] == forecast) & (table["group"] == "all")]
     grid = part.pivot_table(index="metric", columns="layer", values="spearman", aggfunc="first")
+    grid = grid[sorted(grid.columns, key=_layer_order)]
     if grid.empty or grid.isna().all().all():
         return None
-    fig, axes = _figure(1, 1, 2.5 + 0.4 * grid.shape[1], 1.5 + 0.3 * grid.shape[0])
+    width = min(PAGE_WIDTH, 2.5 + 0.4 * grid.shape[1])  # many layers: narrower cells
+    fig, axes = _figure(1, 1, width, 1.5 + 0.3 * grid.shape[0])
     ax = axes[0, 0]
     image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=60, ha="right", fontsize=7)
@@ -188,16 +208,16 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
         return None
     levels = sorted(part[factor].astype(str).unique())
     colours = _palette(levels)
-    fig, axes = _figure(1, len(shown), 4 * len(shown), 3.4)
-    for ax, metric in zip(axes[0], shown, strict=True):
+    fig, axes = _panels(len(shown), 5.0, 3.2)
+    for ax, metric in zip(axes, shown, strict=True):
         for _, line in part[part["metric"] == metric].groupby("run"):
             line = line.sort_values("epoch")
             level = str(line[factor].iloc[0])
-            ax.plot(line["epoch"], line["value"], color=colours[level], alpha=0.7, label=level)
+            ax.plot(line["epoch"], line["value"], color=colours[level], alpha=0.85, label=level)
         ax.set_title(f"{metric} (last layer)", fontsize=9)
         ax.set_xlabel("epoch")
         ax.xaxis.get_major_locator().set_params(integer=True)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     _legend_below(fig, list(unique.values()), list(unique), title=factor)
     return _save(fig, path)
@@ -228,8 +248,8 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     models = sorted(part["model"].astype(str).unique())
     colours = _palette(models)
     shade = float(np.clip(0.75 / len(models), 0.06, 0.2))  # fainter the more bands overlap
-    fig, axes = _figure(1, len(metrics), 4.2 * len(metrics), 3.6)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    fig, axes = _panels(len(metrics), 3.6, 3.4)
+    for ax, metric in zip(axes, metrics, strict=True):
         for model in models:
             ranks = _block_ranks(part[(part["metric"] == metric) & (part["model"] == model)])
             depth = np.linspace(0, 1, len(ranks)) if len(ranks) > 1 else np.zeros(1)
@@ -242,9 +262,9 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
                 ax.fill_between(depth, low, high, color=colour, alpha=shade, linewidth=0)
         ax.set_title(f"token {metric} per block", fontsize=9)
         ax.set_xlabel("relative depth (blocks in order, first 0, last 1)", fontsize=8)
-    axes[0, 0].set_ylabel("ε-rank")
+    axes[0].set_ylabel("ε-rank")
     title = "model: the median over its runs (data sets), their range shaded"
-    _legend_below(fig, *axes[0, 0].get_legend_handles_labels(), title=title)
+    _legend_below(fig, *axes[0].get_legend_handles_labels(), title=title)
     return _save(fig, path)
 
 
@@ -260,10 +280,10 @@ def compression(rows: pd.DataFrame, path: Path) -> Path | None:
     by_model = len(lines) > MAX_LINES_APART
     keys = [str(model) if by_model else f"{model} · {dataset}" for (_, model, dataset), _ in lines]
     colours = _palette(sorted(set(keys), key=keys.index))
-    fig, axes = _figure(1, 2, 11, 4.2)
+    fig, axes = _panels(2, 5.4, 4.0)
     for key, (_, part) in zip(keys, lines, strict=True):
         part = part.sort_values("epsilon")
-        for ax, ratio in zip(axes[0], ("wql_ratio", "nmse_ratio"), strict=True):
+        for ax, ratio in zip(axes, ("wql_ratio", "nmse_ratio"), strict=True):
             ax.plot(
                 part["attention_size_ratio"],
                 part[ratio],
@@ -280,11 +300,11 @@ def compression(rows: pd.DataFrame, path: Path) -> Path | None:
                     xytext=(3, 3),
                     textcoords="offset points",
                 )
-    for ax, ratio in zip(axes[0], ("WQL", "NMSE"), strict=True):
+    for ax, ratio in zip(axes, ("WQL", "NMSE"), strict=True):
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("attention size, compressed / original")
         ax.set_ylabel(f"{ratio}, compressed / original")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
+    handles, labels = axes[0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     epsilons = ", ".join(f"{e:g}" for e in sorted(rows["epsilon"].unique()))
     title = f"model (a line per run; its points ε = {epsilons}, right to left)"

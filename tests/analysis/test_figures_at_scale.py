@@ -21,8 +21,8 @@ from isoprobe.analysis.study import load_study
 from isoprobe.tasks.analyze import SHOWN_METRICS
 from tests.analysis.probed_runs import grid_study, probed_run
 
-#: the largest picture a report shows, in pixels (wide figures are scaled down to the page)
-MAX_WIDTH, MAX_HEIGHT = 2400, 3600
+#: the report's column is 1200 px wide (a wider picture is scaled down, its labels with it)
+MAX_WIDTH, MAX_HEIGHT = 1250, 3600
 
 
 def compression_rows(models: int, datasets: int) -> pd.DataFrame:
@@ -187,3 +187,11 @@ def test_the_colour_factor_is_one_that_varies_among_the_trained_runs(tmp_path):
     study = load_study([str(grid_study(tmp_path / "sweep", 2, 3))])
     assert figures.colour_factor(study, ["seed", "model", "dataset"]) == "dataset"
     assert figures.colour_factor(study, ["seed"]) == "seed"
+
+
+def test_the_heatmap_orders_layers_as_the_network_does(drawn):
+    _, made = drawn
+    (ax, _colourbar) = made["heatmap"].axes
+    layers = [t.get_text() for t in ax.get_xticklabels()]
+    blocks = [int(layer.split(".")[1]) for layer in layers[:-2]]
+    assert layers[-2:] == ["last", "mean"] and blocks == sorted(blocks) == list(range(len(blocks)))
