@@ -1,10 +1,10 @@
 """The analysis figures, as PNG files (matplotlib, no display needed).
 
-Drawn to stay legible at the size of a study (sixty runs and more): lines are coloured by model
-or by a setting, never one colour per run, and where many runs share a model they are drawn as
-the model's median with its range; legends sit below the panels, never over the data; figures
-grow with what they show and are saved whole. Names from runs are drawn as they are (no
-mathtext: a ``$`` in a data set's name is a dollar sign)."""
+Drawn to stay legible at the size of a study (sixty runs and more): where runs are many, lines
+are coloured by model or by a setting rather than one colour per run, and the runs of a model
+are drawn as its median with their range; legends sit below the panels, never over the data;
+figures fit the report's column where they can and are saved whole. Names from runs are drawn
+as they are (no mathtext: a ``$`` in a data set's name is a dollar sign)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ MAX_LINES_APART = 10
 #: the report's column in inches at the saved resolution (1200 px at 110 dpi): a figure no
 #: wider is shown at its own size, so that its 7-9 pt labels stay readable
 PAGE_WIDTH = 10.9
+#: a tick label's longest length, and the width in inches of one of its characters at 7 pt
+MAX_TICK_CHARS, TICK_CHAR_WIDTH = 40, 0.065
 
 
 def _plain_text(draw: Callable[..., Path | None]) -> Callable[..., Path | None]:
@@ -60,7 +62,7 @@ def _panels(count: int, width: float, height: float):
 
 def _palette(levels: list) -> dict:
     """A distinct colour per level: tab10 up to ten levels, tab20 up to twenty, else evenly
-    spaced along a perceptual colour map."""
+    spaced along the turbo colour map."""
     if len(levels) <= 10:
         colours = plt.cm.tab10.colors
     elif len(levels) <= 20:
@@ -150,6 +152,14 @@ def scatter(
     return _save(fig, path)
 
 
+def _tick_labels(names: pd.Index) -> list[str]:
+    """Names as tick labels, each cut to :data:`MAX_TICK_CHARS` characters (an ellipsis marks
+    a cut one), so that one long name cannot squeeze the panel to nothing."""
+    return [
+        n if len(n) <= MAX_TICK_CHARS else n[: MAX_TICK_CHARS - 1] + "…" for n in map(str, names)
+    ]
+
+
 def _layer_order(layer: str) -> tuple:
     """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the ``last``
     and ``mean`` choices after every layer."""
@@ -165,12 +175,15 @@ def heatmap(table: pd.DataFrame, forecast: str, path: Path) -> Path | None:
     grid = grid[sorted(grid.columns, key=_layer_order)]
     if grid.empty or grid.isna().all().all():
         return None
-    width = min(PAGE_WIDTH, 2.5 + 0.4 * grid.shape[1])  # many layers: narrower cells
-    fig, axes = _figure(1, 1, width, 1.5 + 0.3 * grid.shape[0])
+    metrics, layers = _tick_labels(grid.index), _tick_labels(grid.columns)
+    margin = TICK_CHAR_WIDTH * max(map(len, metrics))  # the metric names left of the cells
+    width = min(PAGE_WIDTH, 1.5 + margin + 0.4 * len(layers))  # many layers: narrower cells
+    height = 1.5 + TICK_CHAR_WIDTH * max(map(len, layers)) + 0.3 * len(metrics)
+    fig, axes = _figure(1, 1, width, height)
     ax = axes[0, 0]
     image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=7)
+    ax.set_xticks(range(len(layers)), layers, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(metrics)), metrics, fontsize=7)
     ax.set_title(f"Spearman ρ with {forecast} (all runs)", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.03)
     return _save(fig, path)
@@ -242,10 +255,11 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     part = part[part["layer"].str.fullmatch(BLOCK.pattern) & (part["epoch"] == 0)]
     if part.empty:
         return None
+    part = part.assign(model=part["model"].astype(str))
     metrics = sorted(
         part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_uncentred_eps"))
     )
-    models = sorted(part["model"].astype(str).unique())
+    models = sorted(part["model"].unique())
     colours = _palette(models)
     shade = float(np.clip(0.75 / len(models), 0.06, 0.2))  # fainter the more bands overlap
     fig, axes = _panels(len(metrics), 3.6, 3.4)

@@ -4,6 +4,7 @@ on the canvas, a size that fits a page."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -195,3 +196,26 @@ def test_the_heatmap_orders_layers_as_the_network_does(drawn):
     layers = [t.get_text() for t in ax.get_xticklabels()]
     blocks = [int(layer.split(".")[1]) for layer in layers[:-2]]
     assert layers[-2:] == ["last", "mean"] and blocks == sorted(blocks) == list(range(len(blocks)))
+
+
+def test_a_long_metric_name_leaves_the_heatmap_its_cells(tmp_path, monkeypatch):
+    """A 75-character name is cut to 40 in the ticks, and the panel keeps its width (it
+    collapsed to nothing, with constrained layout giving up)."""
+    long = "rank_uncentred_" * 5
+    table = pd.DataFrame(
+        {
+            "forecast_metric": "f",
+            "group": "all",
+            "metric": [long, "cos_inter"] * 2,
+            "layer": ["encoder.0"] * 2 + ["encoder.1"] * 2,
+            "spearman": [0.5, -0.5, 0.1, 0.2],
+        }
+    )
+    kept: list[plt.Figure] = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures.heatmap(table, "f", tmp_path / "h.png")
+    ax = kept[0].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["cos_inter", long[:39] + "…"]
+    assert ax.get_window_extent().width > 0.25 * kept[0].bbox.width
