@@ -20,7 +20,7 @@ EPSILONS = ("0.001", "0.01", "0.1")
 
 def probed_run(
     directory: Path,
-    model: str,
+    model: str | None,
     dataset: str,
     *,
     blocks: int,

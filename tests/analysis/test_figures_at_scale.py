@@ -219,3 +219,14 @@ def test_a_long_metric_name_leaves_the_heatmap_its_cells(tmp_path, monkeypatch):
     ax = kept[0].axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["cos_inter", long[:39] + "…"]
     assert ax.get_window_extent().width > 0.25 * kept[0].bbox.width
+
+
+def test_runs_without_a_model_name_are_one_model_in_the_flow_of_ranks(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        probed_run(tmp_path / "sweep" / str(i), None, f"d{i}", blocks=3, epochs=1, rng=rng)
+    kept: list[plt.Figure] = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    assert figures.flow_of_ranks(load_study([str(tmp_path / "sweep")]), tmp_path / "f.png")
+    assert [t.get_text() for t in kept[0].legends[0].get_texts()] == ["None (2 runs)"]
+    assert all(len(line.get_ydata()) == 3 for ax in kept[0].axes for line in ax.lines)
