@@ -1,7 +1,16 @@
-"""The analysis figures, as PNG files (matplotlib, no display needed)."""
+"""The analysis figures, as PNG files (matplotlib, no display needed).
+
+Drawn to stay legible at the size of a study (sixty runs and more): where runs are many, lines
+are coloured by model or by a setting rather than one colour per run, and the runs of a model
+are drawn as its median with their range; legends sit below the panels, never over the data;
+figures fit the report's column where they can and are saved whole. Names from runs are drawn
+as they are (no mathtext: a ``$`` in a data set's name is a dollar sign)."""
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -14,14 +23,68 @@ import pandas as pd  # noqa: E402
 from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
 
+#: at most this many lines are told apart one colour each (compression); beyond, per model
+MAX_LINES_APART = 10
+#: the report's column in inches at the saved resolution (1200 px at 110 dpi): a figure no
+#: wider is shown at its own size, so that its 7-9 pt labels stay readable
+PAGE_WIDTH = 10.9
+#: a tick label's longest length, and the width in inches of one of its characters at 7 pt
+MAX_TICK_CHARS, TICK_CHAR_WIDTH = 40, 0.065
+
+
+def _plain_text(draw: Callable[..., Path | None]) -> Callable[..., Path | None]:
+    """``draw`` with every text it makes, saving included, shown as written (no mathtext)."""
+
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        with plt.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn
+
+
+def _figure(rows: int, columns: int, width: float, height: float):
+    """A figure of ``rows`` × ``columns`` panels whose layout makes room for every label and
+    for a legend placed outside the panels (:func:`_legend_below`)."""
+    return plt.subplots(rows, columns, figsize=(width, height), squeeze=False, layout="constrained")
+
+
+def _panels(count: int, width: float, height: float):
+    """A figure of ``count`` panels of ``width`` × ``height`` inches, as many to a row as fit
+    the page (:data:`PAGE_WIDTH`); the panels in order, the spare ones hidden."""
+    columns = max(1, min(count, int(PAGE_WIDTH // width)))
+    rows = -(-count // columns)
+    fig, axes = _figure(rows, columns, width * columns, height * rows)
+    for ax in axes.flat[count:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:count])
+
+
+def _palette(levels: list) -> dict:
+    """A distinct colour per level: tab10 up to ten levels, tab20 up to twenty, else evenly
+    spaced along the turbo colour map."""
+    if len(levels) <= 10:
+        colours = plt.cm.tab10.colors
+    elif len(levels) <= 20:
+        colours = plt.cm.tab20.colors
+    else:
+        colours = plt.cm.turbo(np.linspace(0.05, 0.95, len(levels)))
+    return dict(zip(levels, colours, strict=False))
+
+
+def _legend_below(fig, handles: list, labels: list[str], title: str | None = None) -> None:
+    """One legend for the whole figure, centred under its panels, as many columns as fit."""
+    columns = max(1, min(len(labels), int(fig.get_figwidth() // 2.2)))
+    fig.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize=8, title=title)
+
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
+@_plain_text
 def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | None:
     """Per model, the forecast error beside the last layer's ``metric`` for every data set
     (the isotropy paper's figures 3 and 7)."""
@@ -32,7 +95,8 @@ def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | 
     runs = study.runs.set_index("run")
     frame = runs[["model", "dataset", forecast]].join(geometry[key].rename(metric))
     models = sorted(frame["model"].dropna().unique())
-    fig, axes = plt.subplots(len(models), 1, figsize=(9, 2.8 * len(models)), squeeze=False)
+    datasets = frame["dataset"].nunique()
+    fig, axes = _figure(len(models), 1, max(PAGE_WIDTH, 2.0 + 0.55 * datasets), 2.8 * len(models))
     for ax, model in zip(axes[:, 0], models, strict=True):
         part = frame[frame["model"] == model].groupby("dataset")[[forecast, metric]].mean()
         positions = np.arange(len(part))
@@ -41,11 +105,12 @@ def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | 
         twin = ax.twinx()
         twin.bar(positions + 0.2, part[metric], 0.4, color="tab:blue", label=f"{metric} (last)")
         twin.set_ylabel(f"{metric} (last layer)", color="tab:blue")
-        ax.set_xticks(positions, part.index, rotation=30, ha="right", fontsize=8)
+        ax.set_xticks(positions, part.index.astype(str), rotation=30, ha="right", fontsize=8)
         ax.set_title(model)
     return _save(fig, path)
 
 
+@_plain_text
 def scatter(
     study: Study, table: pd.DataFrame, forecast: str, metrics: list[str], path: Path
 ) -> Path | None:
@@ -56,12 +121,10 @@ def scatter(
     if not keys:
         return None
     runs = study.runs.set_index("run")
-    columns = 4
-    rows = int(np.ceil(len(keys) / columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows), squeeze=False)
+    fig, axes = _panels(len(keys), 3.6, 3.2)
     models = sorted(runs["model"].dropna().unique())
-    colours = dict(zip(models, plt.cm.tab10.colors, strict=False))
-    for ax, key in zip(axes.flat, keys, strict=False):
+    colours = _palette(models)
+    for ax, key in zip(axes, keys, strict=True):
         for model in models:
             members = [r for r in runs.index[runs["model"] == model] if r in geometry.index]
             ax.scatter(
@@ -69,7 +132,7 @@ def scatter(
                 runs.loc[members, forecast],
                 s=14,
                 color=colours[model],
-                label=model,
+                label=str(model),
             )
         found = table[
             (table["metric"] == key[1])
@@ -85,32 +148,68 @@ def scatter(
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(f"{key[1]} (last layer)", fontsize=8)
         ax.set_ylabel(forecast, fontsize=8)
-    for ax in list(axes.flat)[len(keys) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    _legend_below(fig, *axes[0].get_legend_handles_labels(), title="model")
     return _save(fig, path)
 
 
+def _tick_labels(names: pd.Index) -> list[str]:
+    """Names as tick labels, each cut to :data:`MAX_TICK_CHARS` characters (an ellipsis marks
+    a cut one), so that one long name cannot squeeze the panel to nothing."""
+    return [
+        n if len(n) <= MAX_TICK_CHARS else n[: MAX_TICK_CHARS - 1] + "…" for n in map(str, names)
+    ]
+
+
+def _layer_order(layer: str) -> tuple:
+    """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the ``last``
+    and ``mean`` choices after every layer."""
+    parts = re.split(r"(\d+)", str(layer))
+    return (layer in ("last", "mean"), [int(p) if p.isdigit() else p for p in parts])
+
+
+@_plain_text
 def heatmap(table: pd.DataFrame, forecast: str, path: Path) -> Path | None:
     """ρ (group ``all``) over metric × layer choice for ``forecast``."""
     part = table[(table["forecast_metric"] == forecast) & (table["group"] == "all")]
     grid = part.pivot_table(index="metric", columns="layer", values="spearman", aggfunc="first")
+    grid = grid[sorted(grid.columns, key=_layer_order)]
     if grid.empty or grid.isna().all().all():
         return None
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * grid.shape[1], 1.0 + 0.3 * grid.shape[0]))
+    metrics, layers = _tick_labels(grid.index), _tick_labels(grid.columns)
+    margin = TICK_CHAR_WIDTH * max(map(len, metrics))  # the metric names left of the cells
+    width = min(PAGE_WIDTH, 1.5 + margin + 0.4 * len(layers))  # many layers: narrower cells
+    height = 1.5 + TICK_CHAR_WIDTH * max(map(len, layers)) + 0.3 * len(metrics)
+    fig, axes = _figure(1, 1, width, height)
+    ax = axes[0, 0]
     image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=7)
+    ax.set_xticks(range(len(layers)), layers, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(metrics)), metrics, fontsize=7)
     ax.set_title(f"Spearman ρ with {forecast} (all runs)", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.03)
     return _save(fig, path)
 
 
+def runs_over_epochs(study: Study) -> pd.Index:
+    """The runs probed at more than one epoch (those with a trajectory)."""
+    epochs = study.table.groupby("run")["epoch"].nunique()
+    return epochs.index[epochs > 1]
+
+
+def colour_factor(study: Study, candidates: list[str]) -> str:
+    """The first of ``candidates`` whose value differs among the runs with a trajectory (the
+    one that tells their lines apart), else the first candidate."""
+    runs = study.runs[study.runs["run"].isin(runs_over_epochs(study))]
+    for factor in candidates:
+        if factor in runs and runs[factor].astype(str).nunique() > 1:
+            return factor
+    return candidates[0]
+
+
+@_plain_text
 def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> Path | None:
     """The last layer's metrics over epochs, one line per run, coloured by ``factor``."""
     table = study.table
-    epochs = table.groupby("run")["epoch"].nunique()
-    multi = epochs.index[epochs > 1]
+    multi = runs_over_epochs(study)
     if not len(multi):
         return None
     part = table[table["run"].isin(multi) & (table["probe"] == "isotropy")]
@@ -121,24 +220,34 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
     if not shown:
         return None
     levels = sorted(part[factor].astype(str).unique())
-    colours = dict(zip(levels, plt.cm.tab10.colors, strict=False))
-    fig, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 3.2), squeeze=False)
-    for ax, metric in zip(axes[0], shown, strict=True):
+    colours = _palette(levels)
+    fig, axes = _panels(len(shown), 5.0, 3.2)
+    for ax, metric in zip(axes, shown, strict=True):
         for _, line in part[part["metric"] == metric].groupby("run"):
             line = line.sort_values("epoch")
             level = str(line[factor].iloc[0])
-            ax.plot(line["epoch"], line["value"], color=colours[level], alpha=0.8, label=level)
+            ax.plot(line["epoch"], line["value"], color=colours[level], alpha=0.85, label=level)
         ax.set_title(f"{metric} (last layer)", fontsize=9)
         ax.set_xlabel("epoch")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    handles, labels = axes[0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
-    axes[0, 0].legend(unique.values(), unique.keys(), fontsize=7, title=factor)
+    _legend_below(fig, list(unique.values()), list(unique), title=factor)
     return _save(fig, path)
 
 
+def _block_ranks(part: pd.DataFrame) -> pd.DataFrame:
+    """One model's ε-rank records of one ε -> block × run values, blocks in the model's order."""
+    order = list(pd.unique(part["layer"]))
+    wide = part.pivot_table(index="layer", columns="run", values="value", aggfunc="first")
+    return wide.loc[order]
+
+
+@_plain_text
 def flow_of_ranks(study: Study, path: Path) -> Path | None:
     """Each model's ε-rank of its blocks' tokens (rank probe, first probe) against relative
-    depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side."""
+    depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side. A
+    model run on several data sets is drawn as its median over them, its range shaded."""
     table = study.table
     part = table[
         (table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_uncentred_eps[\d.e-]+")
@@ -146,35 +255,58 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     part = part[part["layer"].str.fullmatch(BLOCK.pattern) & (part["epoch"] == 0)]
     if part.empty:
         return None
+    part = part.assign(model=part["model"].astype(str))
     metrics = sorted(
         part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_uncentred_eps"))
     )
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
-        for (model, _), line in part[part["metric"] == metric].groupby(["model", "run"]):
-            order = list(pd.unique(line["layer"]))
-            depth = np.linspace(0, 1, len(order)) if len(order) > 1 else np.zeros(1)
-            label = f"{model} ({line['dataset'].iloc[0]})"
-            ax.plot(depth, line.set_index("layer").loc[order, "value"], marker="o", label=label)
+    models = sorted(part["model"].unique())
+    colours = _palette(models)
+    shade = float(np.clip(0.75 / len(models), 0.06, 0.2))  # fainter the more bands overlap
+    fig, axes = _panels(len(metrics), 3.6, 3.4)
+    for ax, metric in zip(axes, metrics, strict=True):
+        for model in models:
+            ranks = _block_ranks(part[(part["metric"] == metric) & (part["model"] == model)])
+            depth = np.linspace(0, 1, len(ranks)) if len(ranks) > 1 else np.zeros(1)
+            runs = ranks.shape[1]
+            label = f"{model} ({runs} run{'s' if runs > 1 else ''})"
+            colour = colours[model]
+            ax.plot(depth, ranks.median(axis=1), marker="o", ms=3, color=colour, label=label)
+            if runs > 1:
+                low, high = ranks.min(axis=1), ranks.max(axis=1)
+                ax.fill_between(depth, low, high, color=colour, alpha=shade, linewidth=0)
         ax.set_title(f"token {metric} per block", fontsize=9)
         ax.set_xlabel("relative depth (blocks in order, first 0, last 1)", fontsize=8)
-    axes[0, 0].set_ylabel("ε-rank")
-    axes[0, 0].legend(fontsize=7)
+    axes[0].set_ylabel("ε-rank")
+    title = "model: the median over its runs (data sets), their range shaded"
+    _legend_below(fig, *axes[0].get_legend_handles_labels(), title=title)
     return _save(fig, path)
 
 
+@_plain_text
 def compression(rows: pd.DataFrame, path: Path) -> Path | None:
     """Each run's trade-off (``task=compress``): forecast error ratio against attention size
-    ratio, one line per run labelled by its model and data set, each point by its ε."""
+    ratio, one line per run. Up to :data:`MAX_LINES_APART` runs each have a colour (labelled by
+    model and data set) and each point is marked with its ε; beyond, a colour per model, and
+    the legend says the order of the ε along each line."""
     if rows.empty:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (_, model, dataset), part in rows.groupby(["run", "model", "dataset"], sort=True):
+    lines = list(rows.groupby(["run", "model", "dataset"], sort=True))
+    by_model = len(lines) > MAX_LINES_APART
+    keys = [str(model) if by_model else f"{model} · {dataset}" for (_, model, dataset), _ in lines]
+    colours = _palette(sorted(set(keys), key=keys.index))
+    fig, axes = _panels(2, 5.4, 4.0)
+    for key, (_, part) in zip(keys, lines, strict=True):
         part = part.sort_values("epsilon")
         for ax, ratio in zip(axes, ("wql_ratio", "nmse_ratio"), strict=True):
-            label = f"{model} · {dataset}"
-            ax.plot(part["attention_size_ratio"], part[ratio], marker="o", label=label)
-            for _, point in part.iterrows():
+            ax.plot(
+                part["attention_size_ratio"],
+                part[ratio],
+                marker="o",
+                color=colours[key],
+                alpha=0.6 if by_model else 1.0,
+                label=key,
+            )
+            for _, point in part.iterrows() if not by_model else ():
                 ax.annotate(
                     f"ε={point['epsilon']:g}",
                     (point["attention_size_ratio"], point[ratio]),
@@ -186,5 +318,9 @@ def compression(rows: pd.DataFrame, path: Path) -> Path | None:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("attention size, compressed / original")
         ax.set_ylabel(f"{ratio}, compressed / original")
-        ax.legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    epsilons = ", ".join(f"{e:g}" for e in sorted(rows["epsilon"].unique()))
+    title = f"model (a line per run; its points ε = {epsilons}, right to left)"
+    _legend_below(fig, list(unique.values()), list(unique), title=title if by_model else None)
     return _save(fig, path)

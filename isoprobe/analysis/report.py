@@ -1,11 +1,21 @@
 """``report.html``: one self-contained page (figures embedded, tables sortable in the browser
-with a few lines of inline JavaScript, no server, no network)."""
+with a few lines of inline JavaScript, no server, no network).
+
+Everything on the page that comes from runs (model and data set names, override keys and
+values, run names, reasons) is text, never markup: the page is assembled from plain strings,
+which :func:`write_report` escapes, and :class:`Html` fragments, which only :func:`markup`
+makes, escaping every value it fills in. A Content-Security-Policy allows the page's own
+sorting script and nothing else, should anything slip through."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
+import string
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -41,44 +51,109 @@ img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 """
 
 
-def table_html(frame: pd.DataFrame, table_id: str) -> str:
-    """A sortable HTML table (click a header to sort by it)."""
-    body = frame.to_html(
-        index=False,
-        table_id=table_id,
-        classes="sortable",
-        float_format=lambda v: f"{v:.4g}",
-        na_rep="",
-        border=0,
+class Html(str):
+    """A fragment of the page's own markup. Made by :func:`markup` (or :func:`join`), never by
+    calling ``Html`` on text a run holds: :func:`write_report` escapes any other string."""
+
+
+class _EscapingFormatter(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        formatted = format(value, format_spec)
+        return formatted if isinstance(value, Html) else html.escape(formatted)
+
+
+_ESCAPING = _EscapingFormatter()
+
+
+def markup(template: str, /, *args: Any, **values: Any) -> Html:
+    """``template``, isoprobe's own markup (a literal, never a run's value), with each field
+    (``{name}``, ``{name:.3g}``, ``{name!r}``) filled by its value formatted and then
+    HTML-escaped; an :class:`Html` value goes in as it is."""
+    return Html(_ESCAPING.format(template, *args, **values))
+
+
+def join(parts: Iterable[Html], separator: str = "") -> Html:
+    """:class:`Html` fragments one after another (a list's items); refuses plain text."""
+    parts = list(parts)
+    for part in parts:
+        if not isinstance(part, Html):
+            raise TypeError(f"join takes Html fragments (made by markup), got {part!r}")
+    return Html(html.escape(separator).join(parts))
+
+
+def table_html(frame: pd.DataFrame, table_id: str) -> Html:
+    """A sortable HTML table (click a header to sort by it); pandas escapes every cell, column
+    header and index label."""
+    return Html(
+        frame.to_html(
+            index=False,
+            table_id=table_id,
+            classes="sortable",
+            escape=True,
+            float_format=lambda v: f"{v:.4g}",
+            na_rep="",
+            border=0,
+            render_links=False,
+        )
     )
-    return body
 
 
-def image_html(path: Path, caption: str) -> str:
+def image_html(path: Path, caption: str) -> Html:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return (
-        f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    return markup(
+        '<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+        "<figcaption>{caption}</figcaption></figure>",
+        caption=caption,
+        data=data,
     )
+
+
+def _source_hash(source: str) -> str:
+    digest = hashlib.sha256(source.encode("utf-8")).digest()
+    return "'sha256-" + base64.b64encode(digest).decode("ascii") + "'"
+
+
+#: what the page may load and run: its own sorting script (by hash), its inline styles and
+#: its embedded images; nothing from the network, no other script, no forms, no base URL
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; "
+    f"script-src {_source_hash(SORTABLE_SCRIPT)}; "
+    "style-src 'unsafe-inline'; "
+    "img-src data:; "
+    "base-uri 'none'; "
+    "form-action 'none'"
+)
+
+
+def _block(part: Html | str) -> Html:
+    """A paragraph of the page: :class:`Html` as it is, anything else as escaped text."""
+    return part if isinstance(part, Html) else markup("<p>{text}</p>", text=part)
 
 
 def write_report(
     path: Path,
     title: str,
-    paragraphs: list[str],
+    paragraphs: Sequence[Html | str],
     figures: list[tuple[Path, str]],
     tables: list[tuple[str, pd.DataFrame]],
 ) -> Path:
-    """The page: paragraphs (already HTML), figures and titled tables, in that order."""
-    parts = [f"<h1>{html.escape(title)}</h1>", *paragraphs]
+    """The page: paragraphs, figures and titled tables, in that order. A paragraph is
+    :class:`Html` (from :func:`markup`) or plain text; the title, captions, headings and table
+    cells are plain text. Everything plain is escaped here."""
+    parts = [markup("<h1>{title}</h1>", title=title), *map(_block, paragraphs)]
     parts += [image_html(figure, caption) for figure, caption in figures]
     for i, (heading, frame) in enumerate(tables):
-        parts += [f"<h2>{html.escape(heading)}</h2>", table_html(frame, f"table{i}")]
-    page = (
+        parts += [markup("<h2>{heading}</h2>", heading=heading), table_html(frame, f"table{i}")]
+    page = markup(
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
-        + "\n".join(parts)
-        + f"<script>{SORTABLE_SCRIPT}</script></body></html>"
+        '<meta http-equiv="Content-Security-Policy" content="{policy}">'
+        "<title>{title}</title><style>{style}</style></head><body>{body}"
+        "<script>{script}</script></body></html>",
+        policy=CONTENT_SECURITY_POLICY,
+        title=title,
+        style=Html(STYLE),
+        body=Html("\n".join(parts)),
+        script=Html(SORTABLE_SCRIPT),
     )
     path.write_text(page, encoding="utf-8")
     return path

@@ -29,7 +29,7 @@ from isoprobe.analysis.correlations import (
     summarise_within_runs,
     within_runs,
 )
-from isoprobe.analysis.report import write_report
+from isoprobe.analysis.report import Html, join, markup, write_report
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
@@ -157,7 +157,7 @@ def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
 def _figures(
     study: Study, table: pd.DataFrame, forecast: str, metric: str, output: Path
 ) -> list[tuple[Path, str]]:
-    factor = (swept_settings(study) or ["model"])[0]
+    factor = figures.colour_factor(study, [*swept_settings(study), "model", "dataset"])
     made = [
         (
             figures.papers_form(study, forecast, metric, output / "papers_form.png"),
@@ -179,7 +179,8 @@ def _figures(
         ),
         (
             figures.flow_of_ranks(study, output / "flow_of_ranks.png"),
-            "Flow of ranks: each model's token ε-rank per block against relative depth",
+            "Flow of ranks: each model's token ε-rank per block against relative depth "
+            "(the median over its runs, the range shaded)",
         ),
     ]
     return [(path, caption) for path, caption in made if path is not None]
@@ -194,29 +195,43 @@ def _report(
     extra: dict[str, tuple[str, pd.DataFrame]],
     output: Path,
 ) -> Path:
-    paragraphs = [
-        f"<p>{len(study.runs)} runs analysed: models {sorted(study.runs['model'].unique())}, "
-        f"data sets {sorted(study.runs['dataset'].unique())}."
-        + (
-            f" Primary forecast metric: <b>{html.escape(forecast)}</b> (lower is better).</p>"
-            if forecast
-            else " No run has probe records, so there are no correlations: the tables below "
-            "compare the runs by their forecasts.</p>"
+    primary = (
+        markup(" Primary forecast metric: <b>{forecast}</b> (lower is better).", forecast=forecast)
+        if forecast
+        else markup(
+            " No run has probe records, so there are no correlations: the tables below "
+            "compare the runs by their forecasts."
         )
-    ]
+    )
+    opening = markup(
+        "<p>{n} runs analysed: models {models}, data sets {datasets}.{primary}</p>",
+        n=len(study.runs),
+        models=", ".join(sorted(study.runs["model"].astype(str).unique())),
+        datasets=", ".join(sorted(study.runs["dataset"].astype(str).unique())),
+        primary=primary,
+    )
+    paragraphs = [opening]
     if forecast:
-        paragraphs += _reading_correlations(study, table)
+        # isoprobe's own paragraphs, which escape the group names they list
+        paragraphs += map(Html, _reading_correlations(study, table))
     if study.unprobed and forecast:
         paragraphs.append(
-            f"<p>{len(study.unprobed)} runs without probe records are in the tables, not in "
-            f"the correlations: {html.escape(', '.join(study.unprobed))}.</p>"
+            markup(
+                "<p>{n} runs without probe records are in the tables, not in the correlations: "
+                "{runs}.</p>",
+                n=len(study.unprobed),
+                runs=", ".join(study.unprobed),
+            )
         )
     if study.left_out:
-        listed = "".join(
-            f"<li>{html.escape(run)}: {html.escape(why)}</li>"
-            for run, why in study.left_out.items()
+        listed = join(
+            markup("<li>{run}: {why}</li>", run=run, why=why) for run, why in study.left_out.items()
         )
-        paragraphs.append(f"<p>{len(study.left_out)} runs left out:</p><ul>{listed}</ul>")
+        paragraphs.append(
+            markup(
+                "<p>{n} runs left out:</p><ul>{listed}</ul>", n=len(study.left_out), listed=listed
+            )
+        )
     tables = list(extra.values())
     if forecast:
         top = table[table["forecast_metric"] == forecast].sort_values("q_value").head(500)
