@@ -38,7 +38,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from isoprobe.metrics.rank import rank_from_singular_values, singular_values
+from isoprobe.metrics.rank import rank_from_singular_values, rank_metric, singular_values
 from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
@@ -46,14 +46,6 @@ FLOW_DIR = "flow_of_ranks"
 SPECTRA_DIR = "spectra"
 #: the metric of a row that says why a layer or projection was not measured (``note``)
 ERROR_METRIC = "error"
-
-
-def rank_metric(eps: float, projection: str | None = None) -> str:
-    """The metric name of an ε-rank: ``rank_uncentred_eps0.01`` (tokens, not centred),
-    ``rank_q_eps0.01`` (weights)."""
-    if projection is None:
-        return f"rank_uncentred_eps{eps:g}"
-    return f"rank_{projection}_eps{eps:g}"
 
 
 @dataclass

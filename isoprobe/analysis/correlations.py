@@ -8,7 +8,16 @@ metric × layer choice × forecast metric × group; the layer choices are every 
 (the last block of each model, nearest its output: the papers' choice) and ``mean`` (the mean
 over a model's blocks); the groups are ``all`` runs pooled, each ``model=<m>``, and each
 ``dataset=<d>`` that several models ran on. Benjamini–Hochberg q-values are taken over every
-test of the table, since many metric × layer pairs are tested at once.
+defined test of the table, since many metric × layer pairs are tested at once.
+
+A test with no answer (``undefined`` says why: too few runs, a constant metric or forecast) has
+no ρ, τ, interval, p or q and takes no place in the correction (:mod:`.statistics`). A measure
+of the weights alone (the rank probe's ε-ranks of attention projections,
+:func:`isoprobe.metrics.rank.is_weight_metric`) has one value per set of weights, whatever data
+the run read: across runs that share their weights (one zero-shot model on several data sets,
+or fine-tuning runs at their epoch-0 probe) its runs are not independent observations, so such a
+test is undefined (``runs share weights``) unless every run it uses has weights of its own
+(:func:`weight_identity`).
 
 Within runs (``within_run.csv``): for fine-tuning runs with per-epoch validation metrics, each
 metric's trajectory over epochs against the validation error, per run.
@@ -21,8 +30,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from isoprobe.analysis.statistics import MIN_RUNS, associate, q_values
+from isoprobe.analysis.statistics import MIN_RUNS, TOO_FEW_RUNS, associate, q_values
 from isoprobe.analysis.study import Study
+from isoprobe.metrics.rank import is_weight_metric
 
 CORRELATION_COLUMNS = (
     "metric",
@@ -36,6 +46,7 @@ CORRELATION_COLUMNS = (
     "kendall",
     "p_value",
     "q_value",
+    "undefined",
 )
 #: a block of a stack: ``encoder.3``, ``decoder.0``, ``blocks.11`` (not ``embed``, not sites)
 BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
@@ -43,6 +54,10 @@ BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
 PAIRED_PROBE = {"before": "before", "after": "after", "final": "after"}
 #: records that describe the probe, not the geometry
 BOOKKEEPING_METRICS = ("n_tokens",)
+#: why a measure of the weights alone is not tested across runs (module docstring)
+SHARED_WEIGHTS = "runs share weights"
+#: the checkpoint setting of randomly initialised weights (they differ by seed and shape)
+SCRATCH = "scratch"
 
 
 def geometry_at(study: Study, when: str) -> pd.DataFrame:
@@ -88,6 +103,30 @@ def _with_layer(frame: pd.DataFrame, layer: str) -> pd.DataFrame:
     return frame
 
 
+def weight_identity(study: Study, when: str) -> pd.Series:
+    """Run -> a label of the weights its ``when`` probe (``before``: first, ``after``: last)
+    measured: the run itself where that probe followed training (epoch > 0); else the weights
+    it loaded, model and checkpoint, with the seed and window lengths for a random
+    initialisation (``checkpoint=scratch``), whose weights they decide."""
+    epochs = study.table.groupby("run")["epoch"].agg("min" if when == "before" else "max")
+    runs = study.runs.set_index("run").loc[epochs.index]
+    loaded = runs["model"].astype(str) + "|" + runs["checkpoint"].astype(str)
+    scratch = runs["checkpoint"].astype(str) == SCRATCH
+    shape = runs[["seed", "context_length", "horizon"]].astype(str).agg("|".join, axis=1)
+    loaded = loaded.where(~scratch, loaded + "|" + shape)
+    return loaded.where(epochs == 0, "trained|" + runs.index.to_series())
+
+
+def _sharing_weights(identity: pd.Series, x: np.ndarray) -> np.ndarray:
+    """Per column of ``x`` [runs, tests]: whether two of the runs it is complete on share
+    their weights (fewer distinct weight labels than runs)."""
+    codes, _ = pd.factorize(identity)
+    one_hot = np.eye(codes.max() + 1)[codes]  # runs × weight sets
+    complete = np.isfinite(x)
+    distinct = ((complete.T.astype(float) @ one_hot) > 0).sum(axis=1)
+    return distinct < complete.sum(axis=0)
+
+
 def groups(study: Study) -> dict[str, list[str]]:
     """``all``; each ``model=<m>``; each ``dataset=<d>`` that more than one model ran on."""
     runs = study.runs
@@ -107,9 +146,15 @@ def correlations(
     one row per test, with BH q-values over the whole table."""
     runs = study.runs.set_index("run")
     wide = {when: geometry_at(study, when) for when in ("before", "after")}
+    identity = {when: weight_identity(study, when) for when in ("before", "after")}
+    weights = {
+        when: np.array([is_weight_metric(m) for m in frame.columns.get_level_values(1)], bool)
+        for when, frame in wide.items()
+    }
     parts = []
     for forecast in study.forecast_metrics:
-        geometry = wide[PAIRED_PROBE[forecast.split("_", 1)[0]]]
+        when = PAIRED_PROBE[forecast.split("_", 1)[0]]
+        geometry = wide[when]
         for group, members in groups(study).items():
             rows = [r for r in members if r in geometry.index and np.isfinite(runs.at[r, forecast])]
             if not rows:
@@ -117,29 +162,38 @@ def correlations(
             x = geometry.loc[rows].to_numpy(dtype=float)
             y = runs.loc[rows, forecast].to_numpy(dtype=float)[:, None]  # shared by every test
             found = associate(x, y, n_boot=n_boot, n_perm=n_perm, seed=seed)
+            shared = weights[when] & _sharing_weights(identity[when].loc[rows], x)
             columns = geometry.columns
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "probe": columns.get_level_values(0),
-                        "metric": columns.get_level_values(1),
-                        "layer": columns.get_level_values(2),
-                        "forecast_metric": forecast,
-                        "group": group,
-                        "n": found.n,
-                        "spearman": found.spearman,
-                        "spearman_lo": found.spearman_lo,
-                        "spearman_hi": found.spearman_hi,
-                        "kendall": found.kendall,
-                        "p_value": found.p_value,
-                    }
-                )
+            part = pd.DataFrame(
+                {
+                    "probe": columns.get_level_values(0),
+                    "metric": columns.get_level_values(1),
+                    "layer": columns.get_level_values(2),
+                    "forecast_metric": forecast,
+                    "group": group,
+                    "n": found.n,
+                    "spearman": found.spearman,
+                    "spearman_lo": found.spearman_lo,
+                    "spearman_hi": found.spearman_hi,
+                    "kendall": found.kendall,
+                    "p_value": found.p_value,
+                    "undefined": np.where(found.undefined == "", None, found.undefined),
+                }
             )
+            _undefine(part, shared & (found.undefined != TOO_FEW_RUNS), SHARED_WEIGHTS)
+            parts.append(part)
     if not parts:
         return pd.DataFrame(columns=[*CORRELATION_COLUMNS, "probe"])
     table = pd.concat(parts, ignore_index=True)
     table["q_value"] = q_values(table["p_value"].to_numpy())
     return table[[*CORRELATION_COLUMNS, "probe"]]
+
+
+def _undefine(part: pd.DataFrame, mask: np.ndarray, reason: str) -> None:
+    """Tests of ``part`` under ``mask`` lose their statistics and say ``reason``."""
+    statistics = ["spearman", "spearman_lo", "spearman_hi", "kendall", "p_value"]
+    part.loc[mask, statistics] = np.nan
+    part.loc[mask, "undefined"] = reason
 
 
 def within_runs(study: Study) -> pd.DataFrame:

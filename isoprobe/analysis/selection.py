@@ -39,7 +39,7 @@ def _rank_agreement(
     rho = {}
     for name, members in task.groupby(task).groups.items():
         if len(members) >= MIN_CANDIDATES:
-            rho[name] = values.loc[members].corrwith(error.loc[members], method="spearman")
+            rho[name] = _spearman_where_defined(values.loc[members], error.loc[members])
     if not rho:
         return pd.DataFrame()
     rho = pd.DataFrame(rho).T  # tasks × predictors
@@ -66,6 +66,17 @@ def _rank_agreement(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _spearman_where_defined(values: pd.DataFrame, error: pd.Series) -> pd.Series:
+    """Spearman's ρ of each column of ``values`` with ``error`` over the candidates both have;
+    NaN, computed not at all, where either is constant there (ρ is undefined)."""
+    rho = pd.Series(np.nan, index=values.columns)
+    for column in values.columns:
+        pair = pd.concat([values[column], error], axis=1).dropna()
+        if len(pair) >= MIN_CANDIDATES and (pair.nunique() > 1).all():
+            rho[column] = pair.iloc[:, 0].rank().corr(pair.iloc[:, 1].rank())
+    return rho
 
 
 def _summarise(agreement: pd.DataFrame, selection: str, random: bool = True) -> pd.DataFrame:

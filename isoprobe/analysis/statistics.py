@@ -12,7 +12,17 @@ marks a run a test lacks. Every statistic is vectorised over the tests:
   ``p = (1 + #{|ρ_perm| >= |ρ|}) / (1 + n_perm)`` (never 0, as an exact test's p is not);
 - Kendall's τ-b from the signs of all pairs, as one array operation per run (equal to
   scipy's ``kendalltau``, which the tests check);
-- Benjamini–Hochberg q-values over every test of a table (scipy's ``false_discovery_control``).
+- Benjamini–Hochberg q-values over every defined test of a table (scipy's
+  ``false_discovery_control``).
+
+A test is *undefined* when ρ is: fewer than :data:`MIN_RUNS` complete runs, or a metric or a
+forecast that is constant over them (all ties). An undefined test says nothing, so it gets no
+τ, no interval and no p-value (and so no q-value and no place in the correction), and
+:attr:`Association.undefined` says why. An interval is reported only when ρ is defined on at
+least :data:`MIN_DEFINED_RESAMPLES` of the bootstrap resamples: the percentiles over the
+resamples that remain are conditioned on the resample not being constant, and past a few
+percent that condition is no longer negligible (a metric with two values among four runs is
+constant in one resample in eight).
 """
 
 from __future__ import annotations
@@ -25,11 +35,18 @@ from scipy import stats
 #: fewer runs than this in a group give no statistics (a rank correlation of 3 points takes
 #: only the values ±1 and ±0.5)
 MIN_RUNS = 4
+#: the share of bootstrap resamples on which ρ must be defined for an interval to be reported
+MIN_DEFINED_RESAMPLES = 0.95
+#: why a test has no statistics (:attr:`Association.undefined`; "" where it has them)
+TOO_FEW_RUNS = f"fewer than {MIN_RUNS} runs"
+CONSTANT_METRIC = "constant metric"
+CONSTANT_FORECAST = "constant forecast"
 
 
 @dataclass(frozen=True)
 class Association:
-    """Per test (arrays of one value each): runs used, ρ, its interval, τ and p."""
+    """Per test (arrays of one value each): runs used, ρ, its interval, τ, p, and why a test
+    has none of them (``""`` where it is defined)."""
 
     n: np.ndarray
     spearman: np.ndarray
@@ -37,6 +54,7 @@ class Association:
     spearman_hi: np.ndarray
     kendall: np.ndarray
     p_value: np.ndarray
+    undefined: np.ndarray
 
 
 def _pearson_columns(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -92,13 +110,14 @@ def associate(
 ) -> Association:
     """Every statistic of the module docstring for the tests (columns) of ``x`` and ``y``
     [runs, tests]; ``y`` may be one column [runs, 1] that every test shares, which saves its
-    repeated ranks and signs. Tests with fewer than :data:`MIN_RUNS` complete runs get NaN,
-    and so do the interval when ``n_boot`` is 0 and the p-value when ``n_perm`` is 0."""
+    repeated ranks and signs. Undefined tests (module docstring) get NaN and their reason, and
+    so do the interval when ``n_boot`` is 0 and the p-value when ``n_perm`` is 0."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     tests = x.shape[1]
     complete = np.isfinite(x) & np.isfinite(y)
     n = complete.sum(axis=0)
     out = {k: np.full(tests, np.nan) for k in ("rho", "lo", "hi", "tau", "p")}
+    undefined = np.full(tests, TOO_FEW_RUNS, dtype=object)
     rng = np.random.default_rng(seed)
     # tests that share the same complete runs are computed together
     patterns: dict[bytes, list[int]] = {}
@@ -108,21 +127,37 @@ def associate(
         rows = complete[:, columns[0]]
         xs = x[rows][:, columns]
         ys = y[rows] if y.shape[1] == 1 else y[rows][:, columns]
+        why = _why_undefined(xs, ys)
+        undefined[columns] = why
+        defined = [c for c, reason in zip(columns, why, strict=True) if not reason]
+        if not defined:
+            continue
+        keep = why == ""
+        xs, ys = xs[:, keep], (ys if ys.shape[1] == 1 else ys[:, keep])
         rho = spearman_columns(xs, ys)
-        out["rho"][columns] = rho
-        out["tau"][columns] = kendall_columns(xs, ys)
+        out["rho"][defined] = rho
+        out["tau"][defined] = kendall_columns(xs, ys)
         if n_boot:
-            out["lo"][columns], out["hi"][columns] = _bootstrap_interval(xs, ys, n_boot, rng)
+            out["lo"][defined], out["hi"][defined] = _bootstrap_interval(xs, ys, n_boot, rng)
         if n_perm:
-            out["p"][columns] = _permutation_p(xs, ys, rho, n_perm, rng)
-    return Association(n, out["rho"], out["lo"], out["hi"], out["tau"], out["p"])
+            out["p"][defined] = _permutation_p(xs, ys, rho, n_perm, rng)
+    return Association(n, out["rho"], out["lo"], out["hi"], out["tau"], out["p"], undefined)
+
+
+def _why_undefined(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per column of complete ``x`` and ``y`` [n, tests] (``y`` may be one shared column):
+    :data:`CONSTANT_METRIC`, :data:`CONSTANT_FORECAST`, or ``""`` where ρ is defined."""
+    constant_x = (x == x[:1]).all(axis=0)
+    constant_y = np.broadcast_to((y == y[:1]).all(axis=0), constant_x.shape)
+    return np.where(constant_x, CONSTANT_METRIC, np.where(constant_y, CONSTANT_FORECAST, ""))
 
 
 def _bootstrap_interval(
     x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The 2.5% and 97.5% percentiles of ρ over ``n_boot`` resamples of the rows (a resample
-    in which a column is constant has no ρ and is left out of that column's percentiles)."""
+    """The 2.5% and 97.5% percentiles of ρ over ``n_boot`` resamples of the rows. A resample
+    in which a column is constant has no ρ and is left out of that column's percentiles; a
+    column defined on fewer than :data:`MIN_DEFINED_RESAMPLES` of them gets no interval."""
     runs = x.shape[0]
     chunk = max(1, int(2e7 // x.size))  # resamples at a time: about 160 MB per array
     draws = []
@@ -130,15 +165,20 @@ def _bootstrap_interval(
         index = rng.integers(0, runs, size=(min(chunk, n_boot - start), runs))
         draws.append(spearman_columns(x[index], y[index]))
     rhos = np.concatenate(draws)
-    with np.errstate(invalid="ignore"):
-        lo, hi = np.nanpercentile(rhos, [2.5, 97.5], axis=0)
+    enough = np.isfinite(rhos).mean(axis=0) >= MIN_DEFINED_RESAMPLES
+    lo, hi = np.full(rhos.shape[1], np.nan), np.full(rhos.shape[1], np.nan)
+    if enough.any():
+        lo[enough], hi[enough] = np.nanpercentile(rhos[:, enough], [2.5, 97.5], axis=0)
     return lo, hi
 
 
 def _permutation_p(
     x: np.ndarray, y: np.ndarray, rho: np.ndarray, n_perm: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Two-sided permutation p-value of ρ: ``y``'s ranks re-paired at random with ``x``'s."""
+    """Two-sided permutation p-value of a defined ρ: ``y``'s ranks re-paired at random with
+    ``x``'s. Tied ranks stay tied under every pairing, so the reference distribution is that
+    of the observed ties; the 1e-12 tolerance counts a permuted ρ equal to the observed one
+    (the same ties give the same value up to rounding) as extreme."""
     rx, ry = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
     order = np.argsort(rng.random((n_perm, x.shape[0])), axis=1)
     permuted = _pearson_columns(np.broadcast_to(rx, (n_perm, *rx.shape)), ry[order])

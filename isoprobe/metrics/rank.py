@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 
@@ -28,3 +30,24 @@ def epsilon_rank(M: Tensor, eps: float) -> int:
     """epsilon-rank (rank-structure paper eq. 1, as its authors' code): the number of singular
     values of ``M`` at least ``eps`` times the largest."""
     return rank_from_singular_values(singular_values(M), eps)
+
+
+#: the rank probe's metrics of attention projection weights (:func:`rank_metric` with a
+#: projection): they depend on the weights alone, not on the data the probe reads
+WEIGHT_RANK_METRIC = re.compile(r"^rank_[a-z]+_eps[0-9.e+-]+$")
+#: the ε-rank of the probe's tokens (:func:`rank_metric` without a projection)
+TOKEN_RANK_PREFIX = "rank_uncentred_eps"
+
+
+def rank_metric(eps: float, projection: str | None = None) -> str:
+    """The metric name of an ε-rank: ``rank_uncentred_eps0.01`` (tokens, not centred),
+    ``rank_q_eps0.01`` (the weights of projection ``q``)."""
+    if projection is None:
+        return f"{TOKEN_RANK_PREFIX}{eps:g}"
+    return f"rank_{projection}_eps{eps:g}"
+
+
+def is_weight_metric(metric: str) -> bool:
+    """Whether ``metric`` measures weights alone (an ε-rank of a projection), so that runs
+    which share their weights share its value whatever data they read."""
+    return bool(WEIGHT_RANK_METRIC.match(metric)) and not metric.startswith(TOKEN_RANK_PREFIX)

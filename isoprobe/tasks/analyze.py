@@ -12,7 +12,6 @@ sweep.
 
 from __future__ import annotations
 
-import html
 import logging
 import os
 from pathlib import Path
@@ -95,9 +94,9 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
         summary.to_csv(output / "within_run_summary.csv", index=False)
         forecast = primary_forecast(study, str(options.forecast_metric))
         drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
-        selection = pd.concat(
-            [models_on_a_data_set(study, forecast), epochs_of_a_run(study)], ignore_index=True
-        )
+        found = [models_on_a_data_set(study, forecast), epochs_of_a_run(study)]
+        found = [part for part in found if not part.empty]
+        selection = pd.concat(found, ignore_index=True) if found else pd.DataFrame()
         selection.to_csv(output / "selection.csv", index=False)
         written += ["correlations.csv", "within_run_summary.csv", "selection.csv"]
     table.to_csv(output / "correlations.csv", index=False)
@@ -212,8 +211,7 @@ def _report(
     )
     paragraphs = [opening]
     if forecast:
-        # isoprobe's own paragraphs, which escape the group names they list
-        paragraphs += map(Html, _reading_correlations(study, table))
+        paragraphs += _reading_correlations(study, table)
     if study.unprobed and forecast:
         paragraphs.append(
             markup(
@@ -234,9 +232,14 @@ def _report(
         )
     tables = list(extra.values())
     if forecast:
-        top = table[table["forecast_metric"] == forecast].sort_values("q_value").head(500)
+        answered = table[(table["forecast_metric"] == forecast) & table["q_value"].notna()]
+        top = answered.drop(columns="undefined").sort_values("q_value").head(500)
         tables.append(
-            (f"Correlations with {forecast} (500 lowest q-values; all in correlations.csv)", top)
+            (
+                f"Correlations with {forecast}: the 500 lowest q-values among the tests with "
+                "an answer (all tests in correlations.csv)",
+                top,
+            )
         )
     tables.append(("Runs", study.runs))
     if not within.empty:
@@ -244,24 +247,49 @@ def _report(
     return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
 
 
-def _reading_correlations(study: Study, table: pd.DataFrame) -> list[str]:
-    tested = table["spearman"].notna().sum()
-    small = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
+def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:
+    """How to read the table, how many tests it holds, and how many of them have no answer and
+    why (they are not among the findings and not in the Benjamini–Hochberg correction)."""
+    defined = table["undefined"].isna()
+    reasons = table.loc[~defined, "undefined"].value_counts()
     paragraphs = [
-        "<p class='note'>How to read ρ: Spearman's rank correlation across runs between a "
-        "geometry metric (measured on the weights that made the forecast) and the forecast "
-        "error. ρ &gt; 0: runs with a larger value forecast worse. The interval is a 95% "
-        "percentile bootstrap over runs; an interval that spans 0 does not show an association. "
-        f"<b>{tested} tests</b> (metric × layer × forecast metric × group) are in this table, "
-        "so some will look significant by chance: read the Benjamini–Hochberg "
-        "<code>q_value</code>, not <code>p_value</code>, and treat a pattern found by "
-        "scanning the table as a hypothesis to test on new runs.</p>",
+        markup(
+            "<p class='note'>How to read ρ: Spearman's rank correlation across runs between a "
+            "geometry metric (measured on the weights that made the forecast) and the forecast "
+            "error. ρ &gt; 0: runs with a larger value forecast worse. The interval is a 95% "
+            "percentile bootstrap over runs; an interval that spans 0 does not show an "
+            "association. <b>{tested} tests</b> (metric × layer × forecast metric × group) have "
+            "an answer, so some will look significant by chance: read the Benjamini–Hochberg "
+            "<code>q_value</code> (taken over those tests), not <code>p_value</code>, and treat "
+            "a pattern found by scanning the table as a hypothesis to test on new runs.</p>",
+            tested=int(defined.sum()),
+        )
     ]
+    if len(reasons):
+        listed = join(
+            markup("<li>{reason}: {count}</li>", reason=reason, count=int(count))
+            for reason, count in reasons.items()
+        )
+        paragraphs.append(
+            markup(
+                "<p>{n} tests have no answer, so no p-value, no q-value and no place among the "
+                "findings (the column <code>undefined</code> of correlations.csv says which and "
+                "why). A constant metric or forecast has no rank correlation; a measure of the "
+                "weights alone is not tested across runs that share their weights, which are "
+                "not independent observations of it:</p><ul>{listed}</ul>",
+                n=int((~defined).sum()),
+                listed=listed,
+            )
+        )
+    small = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
     if small:
         paragraphs.append(
-            f"<p>No ρ for groups with fewer than {MIN_RUNS} runs: "
-            f"{html.escape(', '.join(small))} (a rank correlation of so few points can take "
-            "only a handful of values).</p>"
+            markup(
+                "<p>No ρ for groups with fewer than {min_runs} runs: {groups} (a rank "
+                "correlation of so few points can take only a handful of values).</p>",
+                min_runs=MIN_RUNS,
+                groups=", ".join(small),
+            )
         )
     return paragraphs
 

@@ -1,0 +1,214 @@
+"""A test with no answer says nothing: no ρ, no p, no q, no place in the correction and none
+among the report's findings, with its reason in ``correlations.csv``."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from isoprobe.analysis.correlations import SHARED_WEIGHTS, correlations, weight_identity
+from isoprobe.analysis.statistics import (
+    CONSTANT_FORECAST,
+    CONSTANT_METRIC,
+    MIN_RUNS,
+    TOO_FEW_RUNS,
+    associate,
+    spearman_columns,
+)
+from isoprobe.analysis.study import load_study
+from isoprobe.metrics.rank import is_weight_metric, rank_metric
+from tests.analysis.probed_runs import analyse, probed_run
+
+MODELS, DATASETS = 5, 6
+WEIGHT_METRIC = rank_metric(0.01, "q")
+COLUMNS = ["probe", "epoch", "global_step", "layer", "metric", "value", "note"]
+
+
+def zero_shot_grid(root: Path) -> Path:
+    """``MODELS`` zero-shot models × ``DATASETS`` data sets: each run records random isotropy
+    metrics, a cluster count of 3 everywhere (constant) and an ε-rank of a projection that
+    depends on the model alone (its weights), as the rank probe writes it."""
+    rng = np.random.default_rng(5)
+    for i, j in itertools.product(range(MODELS), range(DATASETS)):
+        run = probed_run(
+            root / f"{i * DATASETS + j}",
+            f"model_{i}",
+            f"dataset_{j}",
+            blocks=2,
+            epochs=1,
+            rng=rng,
+            overrides=(f"model=model_{i}", f"data=dataset_{j}"),
+        )
+        extra = pd.DataFrame(
+            [
+                ("rank", 0, 0, "encoder.0", WEIGHT_METRIC, 10.0 + 3 * i, ""),
+                ("isotropy", 0, 0, "encoder.0", "n_clusters", 3.0, ""),
+            ],
+            columns=COLUMNS,
+        )
+        extra.to_csv(run / "rank_metrics.csv", mode="a", header=False, index=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory) -> Path:
+    return zero_shot_grid(tmp_path_factory.mktemp("grid") / "sweep")
+
+
+@pytest.fixture(scope="module")
+def table(grid) -> pd.DataFrame:
+    return correlations(load_study([str(grid)]), n_boot=100, n_perm=200)
+
+
+class _Tables(HTMLParser):
+    """The report's tables, each under the heading before it: heading -> rows of cell text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.heading, self.cell, self.in_heading = "", None, False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "h2":
+            self.heading, self.in_heading = "", True
+        elif tag == "tr":
+            self.tables.setdefault(self.heading, []).append([])
+        elif tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "h2":
+            self.in_heading = False
+        elif tag in ("td", "th") and self.cell is not None:
+            self.tables[self.heading][-1].append(self.cell.strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.in_heading:
+            self.heading += data
+        elif self.cell is not None:
+            self.cell += data
+
+
+def report_table(page: str, heading: str) -> pd.DataFrame:
+    """The table of ``page`` under the heading that contains ``heading``."""
+    parser = _Tables()
+    parser.feed(page)
+    (rows,) = [rows for title, rows in parser.tables.items() if heading in title]
+    frame = pd.DataFrame(rows[1:], columns=rows[0])
+    return frame.replace("", np.nan)
+
+
+def test_a_constant_metric_or_forecast_has_no_statistics_and_says_why():
+    rng = np.random.default_rng(0)
+    x = np.column_stack([np.full(8, 2.0), rng.normal(size=8), rng.normal(size=8)])
+    y = np.column_stack([rng.normal(size=8), np.full(8, 1.0), rng.normal(size=8)])
+    found = associate(x, y, n_boot=100, n_perm=100)
+    assert list(found.undefined) == [CONSTANT_METRIC, CONSTANT_FORECAST, ""]
+    for name in ("spearman", "spearman_lo", "spearman_hi", "kendall", "p_value"):
+        values = getattr(found, name)
+        assert np.isnan(values[:2]).all(), name  # not the permutation floor 1/(n_perm + 1)
+        assert np.isfinite(values[2]), name
+
+
+def test_exactly_min_runs_is_defined_and_one_fewer_is_not():
+    x = np.array([1.0, 3.0, 2.0, 4.0, 5.0])[:, None]
+    at_minimum = associate(x[:MIN_RUNS], x[:MIN_RUNS] ** 2, n_boot=0, n_perm=100)
+    below = associate(x[: MIN_RUNS - 1], x[: MIN_RUNS - 1], n_boot=0, n_perm=100)
+    assert at_minimum.undefined[0] == "" and at_minimum.spearman[0] == 1.0
+    assert below.undefined[0] == TOO_FEW_RUNS and np.isnan(below.p_value[0])
+
+
+def test_a_metric_missing_for_some_runs_is_tested_on_the_others():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(9, 1)), rng.normal(size=(9, 1))
+    holed = x.copy()
+    holed[[2, 5]] = np.nan
+    keep = np.isfinite(holed[:, 0])
+    found = associate(holed, y, n_boot=0, n_perm=0)
+    assert found.n[0] == 7
+    assert found.spearman[0] == pytest.approx(stats.spearmanr(x[keep], y[keep]).statistic)
+
+
+def test_an_interval_needs_rho_on_nearly_every_resample():
+    # two values among four runs: one resample in eight is constant, too many to ignore
+    two_values = associate(
+        np.array([0.0, 0.0, 1.0, 1.0])[:, None], np.arange(4.0)[:, None], n_boot=400, n_perm=0
+    )
+    assert np.isfinite(two_values.spearman[0]) and np.isnan(two_values.spearman_lo[0])
+    distinct = associate(np.arange(12.0)[:, None], np.arange(12.0)[:, None], n_boot=400, n_perm=0)
+    assert distinct.spearman_lo[0] == 1.0
+
+
+def test_kendall_tau_b_equals_scipy_with_ties_in_both():
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 3, size=(15, 6)).astype(float)
+    y = rng.integers(0, 4, size=(15, 6)).astype(float)
+    found = associate(x, y, n_boot=0, n_perm=0)
+    for j in range(6):
+        assert found.kendall[j] == pytest.approx(stats.kendalltau(x[:, j], y[:, j]).statistic)
+
+
+def test_permutation_p_with_ties_equals_the_exact_enumeration():
+    x = np.array([1.0, 1.0, 2.0, 3.0, 3.0, 4.0])
+    y = np.array([0.5, 0.2, 0.2, 0.9, 0.7, 0.9])
+    observed = abs(stats.spearmanr(x, y).statistic)
+    pairings = np.array(list(itertools.permutations(y)))
+    rhos = spearman_columns(np.broadcast_to(x, pairings.shape).T, pairings.T)
+    exact = np.mean(np.abs(rhos) >= observed - 1e-12)
+    assert len(pairings) == math.factorial(6)
+    found = associate(x[:, None], y[:, None], n_boot=0, n_perm=40000, seed=1)
+    assert found.p_value[0] == pytest.approx(exact, abs=0.01)
+
+
+def test_the_weights_a_probe_measured_are_named_by_run_or_by_what_was_loaded(grid):
+    study = load_study([str(grid)])
+    identity = weight_identity(study, "after").loc[study.runs["run"]]
+    per_model = study.runs.assign(identity=identity.to_numpy()).groupby("model")["identity"]
+    assert (per_model.nunique() == 1).all() and identity.nunique() == MODELS
+    assert is_weight_metric(WEIGHT_METRIC) and not is_weight_metric(rank_metric(0.01))
+
+
+def test_a_measure_of_the_weights_is_not_tested_across_runs_that_share_them(table):
+    weights = table[(table["metric"] == WEIGHT_METRIC) & (table["layer"] == "encoder.0")]
+    shared = weights[weights["group"].str.startswith(("all", "model="))]
+    assert len(shared) and (shared["undefined"] == SHARED_WEIGHTS).all()
+    assert shared[["spearman", "p_value", "q_value"]].isna().all().all()
+    # on one data set every model has its own weights: five runs, five values
+    own = weights[weights["group"].str.startswith("dataset=")]
+    assert len(own) == DATASETS and own["undefined"].isna().all()
+    assert own["p_value"].notna().all()
+
+
+def test_a_constant_metric_is_undefined_everywhere(table):
+    clusters = table[table["metric"] == "n_clusters"]
+    assert len(clusters) and (clusters["undefined"] == CONSTANT_METRIC).all()
+    assert clusters["p_value"].isna().all()
+
+
+def test_q_values_are_benjamini_hochberg_over_the_defined_tests_alone(table):
+    defined = table["undefined"].isna()
+    assert (~defined).sum() > 0
+    expected = stats.false_discovery_control(table.loc[defined, "p_value"], method="bh")
+    np.testing.assert_allclose(table.loc[defined, "q_value"], expected)
+    assert table.loc[~defined, ["spearman", "kendall", "p_value", "q_value"]].isna().all().all()
+
+
+def test_the_report_lists_only_defined_tests_and_counts_the_others(grid, tmp_path):
+    out = analyse(grid, tmp_path / "analysis")
+    page = (out / "report.html").read_text()
+    findings = report_table(page, "lowest q-values")
+    assert findings["q_value"].notna().all() and findings["spearman"].notna().all()
+    assert WEIGHT_METRIC not in set(findings["metric"]) or set(
+        findings.loc[findings["metric"] == WEIGHT_METRIC, "group"]
+    ) <= {f"dataset=dataset_{j}" for j in range(DATASETS)}
+    table = pd.read_csv(out / "correlations.csv")
+    for reason, count in table["undefined"].value_counts().items():
+        assert f"{reason}: {count}" in page
