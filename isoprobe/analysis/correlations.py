@@ -109,10 +109,12 @@ def weight_identity(study: Study, when: str) -> pd.Series:
     it loaded, model and checkpoint, with the seed and window lengths for a random
     initialisation (``checkpoint=scratch``), whose weights they decide."""
     epochs = study.table.groupby("run")["epoch"].agg("min" if when == "before" else "max")
-    runs = study.runs.set_index("run").loc[epochs.index]
-    loaded = runs["model"].astype(str) + "|" + runs["checkpoint"].astype(str)
-    scratch = runs["checkpoint"].astype(str) == SCRATCH
-    shape = runs[["seed", "context_length", "horizon"]].astype(str).agg("|".join, axis=1)
+    runs = study.runs.set_index("run").reindex(epochs.index)
+    factors = runs.reindex(columns=["model", "checkpoint", "seed", "context_length", "horizon"])
+    factors = factors.astype(str)
+    loaded = factors["model"] + "|" + factors["checkpoint"]
+    scratch = factors["checkpoint"] == SCRATCH
+    shape = factors[["seed", "context_length", "horizon"]].agg("|".join, axis=1)
     loaded = loaded.where(~scratch, loaded + "|" + shape)
     return loaded.where(epochs == 0, "trained|" + runs.index.to_series())
 

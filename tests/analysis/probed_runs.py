@@ -87,12 +87,14 @@ KEY_PAYLOAD = "<script>document.documentElement.setAttribute('data-pwned','key')
 
 
 def hostile_study(root: Path) -> Path:
-    """Six fine-tuned runs whose model name, data set, an override's value, a swept key and a
-    metric name are markup, one run without probe records (its directory's name markup) and one
-    run without forecast metrics (likewise): every place a run's words reach the report."""
+    """Sixteen fine-tuned runs (four models on four data sets, so that the groups of a model
+    and of a data set have enough runs for an answer) whose model name, data set, an
+    override's value, a swept key and a metric name are markup, one run without probe records
+    (its directory's name markup) and one run without forecast metrics (likewise): every place
+    a run's words reach the report."""
     rng = np.random.default_rng(0)
-    for i, model in enumerate((IMG_PAYLOAD, "chronos")):
-        for j, dataset in enumerate((SVG_PAYLOAD, "etth1", "weather")):
+    for i, model in enumerate((IMG_PAYLOAD, "chronos", "moirai", "timesfm")):
+        for j, dataset in enumerate((SVG_PAYLOAD, "etth1", "weather", "exchange")):
             probed_run(
                 root / f"{i}_{j}",
                 model,
