@@ -52,15 +52,32 @@ SHOWN_METRICS = (
 
 def primary_forecast(study: Study, name: str) -> str:
     """``after_<name>`` when every run has it (fine-tuning), else ``final_<name>`` (each run's
-    last forecast where zero-shot and trained runs are pooled), else ``before_<name>``."""
-    for when in ("after", "final", "before"):
-        column = f"{when}_{name}"
-        if column in study.runs and study.runs[column].notna().all():
+    last forecast where zero-shot and trained runs are pooled), else ``before_<name>``; a value
+    that is not finite counts as had. Where none is had by every run, the one that the most
+    runs have a value of. A run without a value of it is left out of the figures and tables
+    made with it, and named (:func:`note_runs_without`)."""
+    columns = [f"{when}_{name}" for when in ("after", "final", "before")]
+    columns = [column for column in columns if column in study.runs]
+    for column in columns:
+        odd = [run for run, bad in study.not_finite.items() if column in bad]
+        if (study.runs[column].notna() | study.runs["run"].isin(odd)).all():
             return column
+    counts = {column: int(study.runs[column].notna().sum()) for column in columns}
+    if counts and max(counts.values()) > 0:
+        return max(counts, key=counts.__getitem__)
     raise AnalysisError(
         f"no run has forecast metric {name!r}; analyze.forecast_metric is one of "
         f"{sorted({c.split('_', 1)[1] for c in study.forecast_metrics})}"
     )
+
+
+def note_runs_without(study: Study, forecast: str) -> None:
+    """Name in :attr:`Study.partly_left_out` each run that lacks the primary forecast metric."""
+    for run in study.runs.loc[study.runs[forecast].isna(), "run"]:
+        if run not in study.partly_left_out:
+            study.partly_left_out[run] = (
+                f"no {forecast}: left out of the figures and tables made with it"
+            )
 
 
 def run_analyze(cfg: DictConfig) -> dict[str, Any]:
@@ -94,6 +111,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
         summary = summarise_within_runs(within)
         summary.to_csv(output / "within_run_summary.csv", index=False)
         forecast = primary_forecast(study, str(options.forecast_metric))
+        note_runs_without(study, forecast)
         drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
         selection = pd.concat(
             [models_on_a_data_set(study, forecast), epochs_of_a_run(study)], ignore_index=True
@@ -217,6 +235,7 @@ def _report(
             for run, why in study.left_out.items()
         )
         paragraphs.append(f"<p>{len(study.left_out)} runs left out:</p><ul>{listed}</ul>")
+    paragraphs += _partly_left_out(study)
     tables = list(extra.values())
     if forecast:
         top = table[table["forecast_metric"] == forecast].sort_values("q_value").head(500)
@@ -227,6 +246,23 @@ def _report(
     if not within.empty:
         tables.append(("Within runs: trajectory against validation error", within))
     return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+
+
+def _partly_left_out(study: Study) -> list[str]:
+    """The runs kept but left out of some tests, and the paths that matched no run."""
+    paragraphs = []
+    if study.partly_left_out:
+        listed = "".join(
+            f"<li>{html.escape(run)}: {html.escape(why)}</li>"
+            for run, why in study.partly_left_out.items()
+        )
+        paragraphs.append(
+            f"<p>{len(study.partly_left_out)} runs left out of some tests:</p><ul>{listed}</ul>"
+        )
+    if study.unmatched:
+        listed = "".join(f"<li>{html.escape(path)}</li>" for path in study.unmatched)
+        paragraphs.append(f"<p>Paths of analyze.runs that match no run:</p><ul>{listed}</ul>")
+    return paragraphs
 
 
 def _reading_correlations(study: Study, table: pd.DataFrame) -> list[str]:
