@@ -34,6 +34,8 @@ from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
+from isoprobe.tasks.output_guard import check_analysis_directory
+from isoprobe.tasks.run_lock import run_directory_lock
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ def note_runs_without(study: Study, forecast: str) -> None:
 
 
 def run_analyze(cfg: DictConfig) -> dict[str, Any]:
+    """The analysis of ``cfg.analyze.runs`` into ``cfg.paths.output_dir`` (module docstring),
+    which must not hold a run's records and is locked while the analysis writes."""
     options = cfg.analyze
     runs = (
         OmegaConf.to_container(options.runs, resolve=True)
@@ -92,8 +96,14 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
             "task=analyze needs analyze.runs=<dir>: a multirun directory, a run directory "
             "or a glob (several: analyze.runs='[dir1,dir2]')."
         )
-    output = Path(cfg.paths.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(cfg.paths.output_dir).resolve()
+    check_analysis_directory(output)
+    with run_directory_lock(output):
+        return _analyze(cfg, runs, output)
+
+
+def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
+    options = cfg.analyze
     study = load_study(runs, allow_mixed=bool(options.allow_mixed))
     study.table.to_csv(output / "study.csv", index=False)
     study.table.to_parquet(output / "study.parquet", index=False)
