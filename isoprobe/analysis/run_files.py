@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
 from pyarrow import csv as pa_csv
 
@@ -186,20 +187,22 @@ def check_complete(path: Path, table: pa.Table) -> None:
     A one-epoch file cut at a layer boundary passes this rule; summary.json's count of the
     rows written (:func:`read_probe_file`'s ``promised``) catches it.
     """
-    frame = table.select(["probe", "epoch", "layer", "metric"]).to_pandas()
-    for probe, part in frame.groupby("probe", sort=False):
-        first, last = part["epoch"].min(), part["epoch"].max()
+    for probe in pc.unique(table["probe"]).to_pylist():
+        part = table.filter(pc.equal(table["probe"], probe))
+        epochs = pc.min_max(part["epoch"])
+        first, last = epochs["min"].as_py(), epochs["max"].as_py()
         if first == last:
             continue
-        at_first = part[part["epoch"] == first]
-        at_last = part[part["epoch"] == last]
-        failed = set(at_last.loc[at_last["metric"] == ERROR_METRIC, "layer"])
-        wanted = at_first[(at_first["metric"] != ERROR_METRIC) & ~at_first["layer"].isin(failed)]
-        have = set(zip(at_last["layer"], at_last["metric"], strict=True))
-        pairs = zip(wanted["layer"], wanted["metric"], strict=True)
-        missing = [(lr, m) for lr, m in pairs if (lr, m) not in have]
-        if missing:
-            listed = ", ".join(f"{lr}/{m}" for lr, m in missing[:3])
+        key = pc.binary_join_element_wise(part["layer"], part["metric"], "/")
+        at_last = pc.equal(part["epoch"], last)
+        is_error = pc.equal(part["metric"], ERROR_METRIC)
+        failed = part["layer"].filter(pc.and_(at_last, is_error))
+        wanted = pc.and_(pc.equal(part["epoch"], first), pc.invert(is_error))
+        wanted = pc.and_(wanted, pc.invert(pc.is_in(part["layer"], value_set=failed)))
+        expected = key.filter(wanted)
+        missing = expected.filter(pc.invert(pc.is_in(expected, value_set=key.filter(at_last))))
+        if len(missing):
+            listed = ", ".join(missing[:3].to_pylist())
             raise UnreadableRun(
                 f"incomplete probe records: {path}'s {probe} probe lacks {len(missing)} of the "
                 f"first epoch's layer/metric rows at its last epoch {last} (e.g. {listed})"
