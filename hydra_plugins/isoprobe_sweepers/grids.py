@@ -51,9 +51,19 @@ class GridsSweeper(BasicSweeper):
         without repeats, in batches of ``max_batch_size``."""
         assert self.hydra_context is not None
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        jobs: list[list[str]] = []
-        for grid in self.grids:
-            grid_overrides = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()])
-            (expanded,) = BasicSweeper.split_arguments([*grid_overrides, *overrides], None)
-            jobs += [job for job in expanded if job not in jobs]
+        jobs = grid_jobs(parser, self.grids, overrides)
         return list(BasicSweeper.split_overrides_to_chunks(jobs, max_batch_size))
+
+
+def grid_jobs(
+    parser: OverridesParser, grids: Sequence[Mapping[str, Any]], overrides: list[Override]
+) -> list[list[str]]:
+    """Every job of the union of ``grids`` (each job its list of ``key=value``), in the order
+    they are numbered, with ``overrides`` applied to every grid and repeats run once; with
+    ``grids=[{}]`` the jobs of Hydra's basic sweeper over ``overrides``."""
+    jobs: list[list[str]] = []
+    for grid in grids:
+        grid_overrides = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()])
+        (expanded,) = BasicSweeper.split_arguments([*grid_overrides, *overrides], None)
+        jobs += [job for job in expanded if job not in jobs]
+    return jobs

@@ -8,6 +8,11 @@ set, lengths, noise, task, seed and every override that varies across the runs) 
 forecast metrics (``before_test_nmse``, ``after_test_wql``, ...: ``summary.json``'s ``before``
 and ``after`` with ``/`` written ``_``; ``final_*`` is the forecast the run ended with, ``after``
 where it trained, else ``before``, present when a grid pools zero-shot and trained models).
+
+A run whose files cannot be read in full (:mod:`isoprobe.analysis.run_files` says which and
+why) is left out with its reason, as is each job of a stopped sweep that never started
+(:mod:`isoprobe.analysis.sweep_jobs`); the study goes on with the others. A path of
+``analyze.runs`` that matches no run is named (:attr:`Study.unmatched`).
 """
 
 from __future__ import annotations
@@ -24,16 +29,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import yaml
-from pyarrow import csv as pa_csv
+
+from isoprobe.analysis.run_files import (
+    RECORD,
+    Forecasts,
+    UnreadableRun,
+    read_config,
+    read_csv,
+    read_overrides,
+    read_probe_file,
+    read_summary,
+)
+from isoprobe.analysis.sweep_jobs import never_started, sweeps_under
 
 log = logging.getLogger(__name__)
-#: libyaml's safe loader where PyYAML was built with it (ten times the pure-Python one)
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 PROBE_FILES = ("probe_metrics.csv", "rank_metrics.csv")
-#: a probe record's columns (what the probe callbacks write)
-RECORD = ("probe", "epoch", "global_step", "layer", "metric", "value", "note")
 _FORECAST = ("before_", "after_", "final_")
 #: what ``task=compress`` writes: one row per ε (the rank-structure paper's table 2)
 COMPRESSION_FILE = "compression.csv"
@@ -71,6 +82,13 @@ class Study:
     #: runs with forecast metrics but no probe records (pretraining, compression): in
     #: :attr:`runs` and the report's tables, not in the correlations
     unprobed: list[str] = field(default_factory=list)
+    #: runs kept in the study but left out of some tests -> why (a forecast metric that is not
+    #: finite, or that the run lacks where it is the report's primary metric)
+    partly_left_out: dict[str, str] = field(default_factory=dict)
+    #: run -> its forecast columns whose value was not finite (kept as missing in :attr:`runs`)
+    not_finite: dict[str, list[str]] = field(default_factory=dict)
+    #: entries of ``analyze.runs`` that matched no run directory
+    unmatched: list[str] = field(default_factory=list)
     #: every run's ``compression.csv`` rows with the run's factors (empty when none)
     compression: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: the wide geometry tables already pivoted from :attr:`table` (``correlations.geometry_at``
@@ -79,36 +97,74 @@ class Study:
 
 
 def find_runs(paths: Sequence[str]) -> list[Path]:
-    """Every run directory under ``paths`` (each a run, a multirun directory, or a glob), in
-    a stable order; analysis runs are skipped."""
-    return list(_runs_with_configs(paths))
+    """Every readable run directory under ``paths`` (each a run, a multirun directory, or a
+    glob), in a stable order; analysis runs are skipped."""
+    return list(_find(paths).runs)
 
 
-def _runs_with_configs(paths: Sequence[str]) -> dict[Path, dict[str, Any]]:
-    """:func:`find_runs` with each run's resolved config, read once."""
+@dataclass
+class _Found:
+    """What ``analyze.runs`` matched: readable runs with their configs, run directories left
+    out (unreadable config, job never started) -> why, and the paths that matched no run."""
+
+    runs: dict[Path, dict[str, Any]]
+    left_out: dict[Path, str]
+    unmatched: list[str]
+
+
+def _find(paths: Sequence[str]) -> _Found:
+    """The runs under ``paths`` with their resolved configs, read once."""
     if isinstance(paths, str):
         paths = [paths]
-    found: dict[Path, None] = {}
+    runs: dict[Path, dict[str, Any]] = {}
+    left_out: dict[Path, str] = {}
+    unmatched = []
     for pattern in paths:
-        for match in map(Path, sorted(glob.glob(str(Path(pattern).expanduser())))):
-            if (match / ".hydra" / "config.yaml").is_file():
-                found[match.resolve()] = None
-            elif match.is_dir():
-                for config in sorted(match.glob("**/.hydra/config.yaml")):
-                    found[config.parent.parent.resolve()] = None
-    configs = {run: _config(run) for run in found}
-    runs = {run: c for run, c in configs.items() if c.get("task", {}).get("name") != "analyze"}
+        found = _run_dirs(str(pattern))
+        sweeps = [
+            sweep.resolve()
+            for match in map(Path, sorted(glob.glob(str(Path(pattern).expanduser()))))
+            for sweep in sweeps_under(match)
+        ]
+        for run in found:
+            try:
+                config = read_config(run)
+            except UnreadableRun as err:
+                left_out[run] = str(err)
+                continue
+            if (config.get("task") or {}).get("name") != "analyze":
+                runs[run] = config
+        for sweep in sweeps:
+            left_out.update(never_started(sweep))
+        if not found and not sweeps:
+            unmatched.append(str(pattern))
     if not runs:
+        why = "; ".join(f"{run}: {reason}" for run, reason in left_out.items())
         raise AnalysisError(
             f"no runs found under analyze.runs={list(paths)}: a run directory holds "
             ".hydra/config.yaml (what python run.py writes). Looked in: "
             + ", ".join(str(Path(p).expanduser().resolve()) for p in paths)
+            + (f". Left out: {why}" if why else "")
         )
-    return runs
+    for pattern in unmatched:
+        log.warning(
+            "analyze.runs: %s matches no run directory (looked in %s)",
+            pattern,
+            Path(pattern).expanduser().resolve(),
+        )
+    return _Found(runs, left_out, unmatched)
 
 
-def _config(run: Path) -> dict[str, Any]:
-    return yaml.load((run / ".hydra" / "config.yaml").read_text(), Loader=SAFE_LOADER) or {}
+def _run_dirs(pattern: str) -> list[Path]:
+    """The run directories (those holding ``.hydra/config.yaml``) a path or glob matches."""
+    found: dict[Path, None] = {}
+    for match in map(Path, sorted(glob.glob(str(Path(pattern).expanduser())))):
+        if (match / ".hydra" / "config.yaml").is_file():
+            found[match.resolve()] = None
+        elif match.is_dir():
+            for config in sorted(match.glob("**/.hydra/config.yaml")):
+                found[config.parent.parent.resolve()] = None
+    return list(found)
 
 
 def _select(config: dict[str, Any], dotted: str) -> Any:
@@ -129,34 +185,6 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: json.dumps(node) if isinstance(node, list) else node}
 
 
-def _overrides(run: Path) -> dict[str, str]:
-    path = run / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return {}
-    items = yaml.load(path.read_text(), Loader=SAFE_LOADER) or []
-    pairs = (item.split("=", 1) for item in items if "=" in item)
-    return {_override_name(key): value for key, value in pairs if not key.startswith("hydra")}
-
-
-def _override_name(key: str) -> str:
-    """The column an override is shown as: ``low_rank@model.low_rank`` -> ``low_rank``,
-    ``+data.x`` -> ``data.x`` (the package and the add/force prefixes are not its name)."""
-    return key.lstrip("+~").split("@", 1)[0]
-
-
-def _forecast_metrics(run: Path) -> dict[str, float]:
-    path = run / "summary.json"
-    if not path.is_file():
-        return {}
-    summary = json.loads(path.read_text())
-    metrics = {}
-    for when in ("before", "after"):
-        for name, value in (summary.get(when) or {}).items():
-            if isinstance(value, (int, float)):
-                metrics[f"{when}_{name.replace('/', '_')}"] = float(value)
-    return metrics
-
-
 def _domain(dataset: Any) -> str | None:
     from isoprobe.data import dataset_spec
 
@@ -171,7 +199,7 @@ def _validation(run: Path, name: str) -> pd.DataFrame | None:
     path = run / "csv" / "metrics.csv"
     if not path.is_file():
         return None
-    frame = pd.read_csv(path)
+    frame = read_csv(path)
     columns = [c for c in frame.columns if c.startswith("val/")]
     if "epoch" not in frame.columns or not columns:
         return None
@@ -191,52 +219,59 @@ def _run_name(run: Path, root: Path) -> str:
 
 def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     """The study table of every run under ``paths`` (module docstring). Runs whose probe
-    settings differ are refused unless ``allow_mixed``; runs without forecast metrics are left
-    out and named in :attr:`Study.left_out`; runs without probe records (pretraining,
-    compression) are kept for the report's tables and named in :attr:`Study.unprobed`."""
-    runs = _runs_with_configs(paths)
-    root = Path(_common_root(runs))
-    probe_files, rows, validation, compression, left_out = [], [], [], [], {}
-    unprobed = []
-    settings: dict[str, dict[str, Any]] = {}
-    overrides: dict[str, dict[str, str]] = {}
-    for run, config in runs.items():
+    settings differ are refused unless ``allow_mixed``; runs without forecast metrics, runs whose
+    files cannot be read in full and jobs that never started are left out and named in
+    :attr:`Study.left_out`; runs without probe records (pretraining, compression) are kept for
+    the report's tables and named in :attr:`Study.unprobed`."""
+    found = _find(paths)
+    root = Path(_common_root([*found.runs, *found.left_out]))
+    left_out = {_run_name(run, root): why for run, why in found.left_out.items()}
+    read: list[_RunFiles] = []
+    for run, config in found.runs.items():
         name = _run_name(run, root)
-        records = [(name, run / f) for f in PROBE_FILES if (run / f).is_file()]
-        metrics = _forecast_metrics(run)
-        compressed = run / COMPRESSION_FILE
-        if not metrics and not compressed.is_file():
+        try:
+            files = _read_run(run, name)
+        except UnreadableRun as err:
+            left_out[name] = str(err)
+            continue
+        forecasts = files.forecasts
+        if not forecasts.metrics and not forecasts.not_finite and files.compression is None:
             left_out[name] = "no forecast metrics (summary.json without before/after)"
             continue
-        factors = {column: _select(config, key) for column, key in FACTORS.items()}
-        factors["domain"] = _domain(factors["dataset"])
-        rows.append({"run": name, **factors, **metrics})
-        overrides[name] = _overrides(run)
-        if compressed.is_file():
-            compression.append(pd.read_csv(compressed).assign(run=name))
-        if not records:
-            unprobed.append(name)
-            continue
-        settings[name] = _probe_settings(config)
-        probe_files += records
-        validation.append(_validation(run, name))
-    if not rows:
+        files.config = config
+        read.append(files)
+    if not read:
         raise AnalysisError(
-            f"none of the {len(runs)} runs found has forecast metrics: "
+            f"none of the {len(found.runs) + len(found.left_out)} runs found can be analysed: "
             + "; ".join(f"{k}: {v}" for k, v in left_out.items())
         )
+    rows, settings, overrides, partly = [], {}, {}, {}
+    for files in read:
+        factors = {column: _select(files.config, key) for column, key in FACTORS.items()}
+        factors["domain"] = _domain(factors["dataset"])
+        rows.append({"run": files.name, **factors, **files.forecasts.metrics})
+        overrides[files.name] = files.overrides
+        if files.forecasts.not_finite:
+            partly[files.name] = _not_finite_reason(files.forecasts)
+        if files.records:
+            settings[files.name] = _probe_settings(files.config)
     common = _check_probe_settings(settings, allow_mixed) if settings else {}
     run_table = pd.DataFrame(rows)
+    for column in {c for f in read for c in f.forecasts.not_finite} - set(run_table.columns):
+        run_table[column] = np.nan
     swept = _varying_overrides(overrides, set(run_table.columns))
     for key, values in swept.items():
         run_table[key] = run_table["run"].map(values)
     add_final_forecast(run_table)
+    not_finite = _keep_final_out_where_after_is_not_finite(run_table, read)
     forecast = sorted(c for c in run_table.columns if c.startswith(_FORECAST))
-    table = _read_records(probe_files).merge(run_table, on="run", how="left")
-    validation = [v for v in validation if v is not None]
+    records = [(f.name, table) for f in read for table in f.records]
+    table = _read_records(records).merge(run_table, on="run", how="left")
+    validation = [f.validation for f in read if f.records and f.validation is not None]
     val = pd.concat(validation, ignore_index=True) if validation else None
     if val is not None:
         table = table.merge(val, on=["run", "epoch"], how="left")
+    compression = [f.compression.assign(run=f.name) for f in read if f.compression is not None]
     return Study(
         table=table,
         runs=run_table,
@@ -244,21 +279,81 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
         validation=val if val is not None else pd.DataFrame(),
         left_out=left_out,
         probe_settings=common,
-        unprobed=unprobed,
+        unprobed=[f.name for f in read if not f.records],
+        partly_left_out=partly,
+        not_finite=not_finite,
+        unmatched=found.unmatched,
         compression=_with_factors(compression, run_table),
     )
 
 
-def _read_records(files: list[tuple[str, Path]]) -> pd.DataFrame:
-    """Every probe file (run name, path) as one frame with a leading ``run`` column, parsed by
-    pyarrow's CSV reader and joined once (a thousand runs read in about a second)."""
-    if not files:
+@dataclass
+class _RunFiles:
+    """Everything the study takes from one run directory, read and checked."""
+
+    name: str
+    forecasts: Forecasts
+    overrides: dict[str, str]
+    records: list[pa.Table]
+    validation: pd.DataFrame | None
+    compression: pd.DataFrame | None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_run(run: Path, name: str) -> _RunFiles:
+    """Every file of ``run`` the study uses; :class:`UnreadableRun` names the first that cannot
+    be read in full."""
+    forecasts = read_summary(run)
+    records = [
+        read_probe_file(run / f, forecasts.promised_rows.get(f))
+        for f in PROBE_FILES
+        if (run / f).is_file()
+    ]
+    compressed = run / COMPRESSION_FILE
+    return _RunFiles(
+        name=name,
+        forecasts=forecasts,
+        overrides=read_overrides(run),
+        records=records,
+        validation=_validation(run, name) if records else None,
+        compression=read_csv(compressed) if compressed.is_file() else None,
+    )
+
+
+def _not_finite_reason(forecasts: Forecasts) -> str:
+    listed = ", ".join(f"{k} = {v}" for k, v in forecasts.not_finite.items())
+    return (
+        f"summary.json has forecast metrics that are not finite ({listed}): the run is left "
+        "out of the tests of those metrics"
+    )
+
+
+def _keep_final_out_where_after_is_not_finite(
+    runs: pd.DataFrame, read: list[_RunFiles]
+) -> dict[str, list[str]]:
+    """A trained run whose ``after_<m>`` is not finite has no ``final_<m>`` either (not its
+    ``before_<m>``, which :func:`add_final_forecast` takes for runs that did not train).
+    Returns each run's forecast columns that are not finite, ``final_<m>`` included."""
+    not_finite = {}
+    for files in read:
+        columns = list(files.forecasts.not_finite)
+        for column in files.forecasts.not_finite:
+            final = "final_" + column.removeprefix("after_")
+            if column.startswith("after_") and final in runs:
+                runs.loc[runs["run"] == files.name, final] = np.nan
+                columns.append(final)
+        if columns:
+            not_finite[files.name] = columns
+    return not_finite
+
+
+def _read_records(tables: list[tuple[str, pa.Table]]) -> pd.DataFrame:
+    """Every probe file's records (run name, checked table) as one frame with a leading ``run``
+    column, joined once (a thousand runs in about a second)."""
+    if not tables:
         return pd.DataFrame(columns=["run", *RECORD])
-    types = {"probe": pa.string(), "layer": pa.string(), "metric": pa.string(), "note": pa.string()}
-    options = pa_csv.ConvertOptions(column_types=types, strings_can_be_null=True)
-    tables = [pa_csv.read_csv(path, convert_options=options) for _, path in files]
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
-    names = np.repeat([name for name, _ in files], [t.num_rows for t in tables])
+    frame = pa.concat_tables([t for _, t in tables], promote_options="permissive").to_pandas()
+    names = np.repeat([name for name, _ in tables], [t.num_rows for _, t in tables])
     frame.insert(0, "run", names)
     return frame
 

@@ -33,6 +33,8 @@ from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
+from isoprobe.tasks.output_guard import check_analysis_directory
+from isoprobe.tasks.run_lock import run_directory_lock
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +53,37 @@ SHOWN_METRICS = (
 
 def primary_forecast(study: Study, name: str) -> str:
     """``after_<name>`` when every run has it (fine-tuning), else ``final_<name>`` (each run's
-    last forecast where zero-shot and trained runs are pooled), else ``before_<name>``."""
-    for when in ("after", "final", "before"):
-        column = f"{when}_{name}"
-        if column in study.runs and study.runs[column].notna().all():
+    last forecast where zero-shot and trained runs are pooled), else ``before_<name>``; a value
+    that is not finite counts as had. Where none is had by every run, the one that the most
+    runs have a value of. A run without a value of it is left out of the figures and tables
+    made with it, and named (:func:`note_runs_without`)."""
+    columns = [f"{when}_{name}" for when in ("after", "final", "before")]
+    columns = [column for column in columns if column in study.runs]
+    for column in columns:
+        odd = [run for run, bad in study.not_finite.items() if column in bad]
+        if (study.runs[column].notna() | study.runs["run"].isin(odd)).all():
             return column
+    counts = {column: int(study.runs[column].notna().sum()) for column in columns}
+    if counts and max(counts.values()) > 0:
+        return max(counts, key=counts.__getitem__)
     raise AnalysisError(
         f"no run has forecast metric {name!r}; analyze.forecast_metric is one of "
         f"{sorted({c.split('_', 1)[1] for c in study.forecast_metrics})}"
     )
 
 
+def note_runs_without(study: Study, forecast: str) -> None:
+    """Name in :attr:`Study.partly_left_out` each run that lacks the primary forecast metric."""
+    for run in study.runs.loc[study.runs[forecast].isna(), "run"]:
+        if run not in study.partly_left_out:
+            study.partly_left_out[run] = (
+                f"no {forecast}: left out of the figures and tables made with it"
+            )
+
+
 def run_analyze(cfg: DictConfig) -> dict[str, Any]:
+    """The analysis of ``cfg.analyze.runs`` into ``cfg.paths.output_dir`` (module docstring),
+    which must not hold a run's records and is locked while the analysis writes."""
     options = cfg.analyze
     runs = (
         OmegaConf.to_container(options.runs, resolve=True)
@@ -74,8 +95,14 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
             "task=analyze needs analyze.runs=<dir>: a multirun directory, a run directory "
             "or a glob (several: analyze.runs='[dir1,dir2]')."
         )
-    output = Path(cfg.paths.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    output = Path(cfg.paths.output_dir).resolve()
+    check_analysis_directory(output)
+    with run_directory_lock(output):
+        return _analyze(cfg, runs, output)
+
+
+def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
+    options = cfg.analyze
     study = load_study(runs, allow_mixed=bool(options.allow_mixed))
     study.table.to_csv(output / "study.csv", index=False)
     study.table.to_parquet(output / "study.parquet", index=False)
@@ -93,6 +120,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
         summary = summarise_within_runs(within)
         summary.to_csv(output / "within_run_summary.csv", index=False)
         forecast = primary_forecast(study, str(options.forecast_metric))
+        note_runs_without(study, forecast)
         drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
         found = [models_on_a_data_set(study, forecast), epochs_of_a_run(study)]
         found = [part for part in found if not part.empty]
@@ -230,6 +258,7 @@ def _report(
                 "<p>{n} runs left out:</p><ul>{listed}</ul>", n=len(study.left_out), listed=listed
             )
         )
+    paragraphs += _partly_left_out(study)
     tables = list(extra.values())
     if forecast:
         answered = table[(table["forecast_metric"] == forecast) & table["q_value"].notna()]
@@ -245,6 +274,31 @@ def _report(
     if not within.empty:
         tables.append(("Within runs: trajectory against validation error", within))
     return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+
+
+def _partly_left_out(study: Study) -> list[Html]:
+    """The runs kept but left out of some tests, and the paths that matched no run."""
+    paragraphs = []
+    if study.partly_left_out:
+        listed = join(
+            markup("<li>{run}: {why}</li>", run=run, why=why)
+            for run, why in study.partly_left_out.items()
+        )
+        paragraphs.append(
+            markup(
+                "<p>{n} runs left out of some tests:</p><ul>{listed}</ul>",
+                n=len(study.partly_left_out),
+                listed=listed,
+            )
+        )
+    if study.unmatched:
+        listed = join(markup("<li>{path}</li>", path=path) for path in study.unmatched)
+        paragraphs.append(
+            markup(
+                "<p>Paths of analyze.runs that match no run:</p><ul>{listed}</ul>", listed=listed
+            )
+        )
+    return paragraphs
 
 
 def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:

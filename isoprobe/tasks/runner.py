@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from isoprobe.analysis.run_files import PROMISED_ROWS
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.adaptation import adapt_model, check_adapt, merged_export, parameter_counts
@@ -210,7 +211,22 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
         results["export_dir"] = _export(cfg, trainer, model)
     probes = [c for c in trainer.callbacks if isinstance(c, RecordedProbe)]
     results["probe_records"] = [record for probe in probes for record in probe.records]
+    results[PROMISED_ROWS] = _probe_rows(probes, Path(cfg.paths.output_dir))
     return results
+
+
+def _probe_rows(probes: list[RecordedProbe], output_dir: Path) -> dict[str, int]:
+    """How many rows each probe wrote to its CSV file in the run directory (summary.json
+    keeps the count, so that an analysis knows a file cut short:
+    :func:`isoprobe.analysis.run_files.read_probe_file`)."""
+    rows: dict[str, int] = {}
+    for probe in probes:
+        if not probe.records:  # a probe with records was set up: it knows its file
+            continue
+        path = getattr(probe, "csv_path", None)
+        if path is not None and path.parent.resolve() == output_dir.resolve():
+            rows[path.name] = rows.get(path.name, 0) + len(probe.records)
+    return rows
 
 
 def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:

@@ -1,0 +1,137 @@
+"""Keep a command's outputs off the records of runs already written.
+
+- ``task=analyze`` never writes into a directory that holds a run's records (its
+  ``.hydra/config.yaml`` of another task, ``summary.json``, probe CSVs, ``csv/metrics.csv``,
+  ``checkpoints/``) nor into a sweep directory (``multirun.yaml``): its own ``.hydra/`` and
+  ``run.log`` would replace the run's, and the run would vanish from its sweep's study.
+- A sweep is not rerun into a ``hydra.sweep.dir`` that holds finished runs (``summary.json``):
+  each job would recompute its run over that run's own records. Until sweeps can skip or resume
+  their finished jobs, such a sweep is refused as a whole, before any job starts (Hydra would
+  refuse the rest of a sweep at its first failed job anyway). A sweep that resumes from a
+  checkpoint (``ckpt_path=...``) is allowed, as resuming a single run in place is.
+
+Hydra writes a run's ``.hydra/`` and opens its ``run.log`` before the task starts, so the check
+runs in :class:`OutputGuard`, a Hydra callback (``configs/hydra/default.yaml``) whose
+``on_run_start`` / ``on_multirun_start`` come before anything is written; ``task=analyze``
+checks again where it writes (the sweep's own analysis, or a caller without Hydra). The
+callback also takes the run directory's lock (:mod:`isoprobe.tasks.run_lock`) from before Hydra
+writes until the run has ended, so that a second command in a live run's directory is refused
+before its ``.hydra/`` replaces the first one's. Hydra turns an exception raised in a callback
+into a warning and goes on, so a refusal there ends the process (``SystemExit``: the message
+and exit code 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from isoprobe.analysis.run_files import UnreadableRun, read_config
+from isoprobe.tasks.run_lock import RunDirectoryInUse, run_directory_lock
+
+#: what a run writes into its directory, besides ``.hydra/config.yaml``
+RUN_RECORDS = (
+    "summary.json",
+    "probe_metrics.csv",
+    "rank_metrics.csv",
+    "csv/metrics.csv",
+    "checkpoints",
+    "compression.csv",
+)
+SWEEP_FILE = "multirun.yaml"
+
+
+class OutputRefused(RuntimeError):
+    """The output directory holds records that this command would overwrite."""
+
+
+def run_records(directory: Path) -> list[str]:
+    """What in ``directory`` belongs to a run or a sweep (empty when nothing does)."""
+    found = [name for name in (*RUN_RECORDS, SWEEP_FILE) if (directory / name).exists()]
+    config = directory / ".hydra" / "config.yaml"
+    if config.is_file():
+        try:
+            task = (read_config(directory).get("task") or {}).get("name")
+        except UnreadableRun:
+            task = None
+        if task != "analyze":
+            found.insert(0, ".hydra/config.yaml of a run")
+    return found
+
+
+def check_analysis_directory(directory: Path) -> None:
+    """Refuse to write an analysis into ``directory`` if it holds a run's or a sweep's
+    records."""
+    found = run_records(Path(directory))
+    if found:
+        raise OutputRefused(
+            f"task=analyze would write into {directory}, which holds a run's or a sweep's "
+            f"records ({', '.join(found)}): its .hydra/config.yaml and run.log would be "
+            "replaced and the run lost from its study. Give the analysis its own directory: "
+            "leave hydra.run.dir at its default, or set hydra.run.dir=<a new directory> (the "
+            "runs to read go in analyze.runs)."
+        )
+
+
+def finished_runs(sweep_dir: Path) -> list[Path]:
+    """The run directories under ``sweep_dir`` whose run finished (wrote ``summary.json``)."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted(
+        summary.parent
+        for summary in sweep_dir.glob("**/summary.json")
+        if (summary.parent / ".hydra" / "config.yaml").is_file()
+    )
+
+
+def check_sweep_directory(sweep_dir: Path) -> None:
+    """Refuse a sweep into ``sweep_dir`` when runs in it have finished."""
+    done = finished_runs(sweep_dir)
+    if done:
+        listed = ", ".join(str(run.relative_to(sweep_dir)) for run in done[:10])
+        more = f" and {len(done) - 10} more" if len(done) > 10 else ""
+        raise OutputRefused(
+            f"hydra.sweep.dir={sweep_dir} already holds {len(done)} finished runs ({listed}"
+            f"{more}): this sweep would recompute them over their own records. Run the sweep "
+            "in a new directory (leave hydra.sweep.dir at its default, or set another one), or "
+            f"delete {sweep_dir} (or those runs' directories) to run them again."
+        )
+
+
+class OutputGuard(Callback):
+    """``hydra.callbacks.output_guard``: the checks of the module docstring, before Hydra
+    writes anything."""
+
+    def __init__(self) -> None:
+        self._held = ExitStack()
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = Path(str(config.hydra.run.dir)).expanduser().resolve()
+        with _refusal_ends_the_process():
+            if config.task.name == "analyze":
+                check_analysis_directory(run_dir)
+            self._held.enter_context(run_directory_lock(run_dir))
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._held.close()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
+        with _refusal_ends_the_process():
+            if config.task.name == "analyze":
+                check_analysis_directory(sweep_dir)
+            if config.get("ckpt_path") is None:
+                check_sweep_directory(sweep_dir)
+
+
+@contextmanager
+def _refusal_ends_the_process() -> Iterator[None]:
+    try:
+        yield
+    except (OutputRefused, RunDirectoryInUse) as err:
+        raise SystemExit(f"Error: {err}") from None
