@@ -9,6 +9,12 @@
   (:meth:`head_modules`) train; every block stays as it was.
 - ``head_only``: only the head trains.
 
+What a strategy freezes (:func:`frozen_module_paths`: every largest submodule that holds
+parameters, none of which trains) stays in eval mode for the whole fit, whatever
+``model.train()`` is called with (:meth:`~isoprobe.models.base.ForecastModule.train`): its
+buffers (BatchNorm's running statistics) stay as they were and its dropout is off, so a frozen
+layer computes in training exactly what it computes when probed.
+
 An adapted projection's ``weight`` is what it applies, ``W + (alpha / r) B A`` (the adapters
 merged on the fly, :class:`EffectiveLoraLinear`), so ``attention_weights()`` and the rank
 probes read the matrices the model computes with; the forward pass keeps LoRA's own
@@ -20,6 +26,7 @@ adapters merged into the weights. Checkpoints hold the adapters as ordinary tens
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -67,12 +74,48 @@ def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
     return [name for name, m in model.named_modules() if id(m) in wanted]
 
 
+def frozen_module_paths(model: nn.Module) -> list[str]:
+    """The paths of the largest submodules of ``model`` that hold parameters, none of which
+    requires a gradient (a module without parameters, such as a dropout, belongs to the module
+    it sits in)."""
+    paths: list[str] = []
+
+    def visit(path: str, module: nn.Module) -> None:
+        parameters = list(module.parameters())
+        if parameters and not any(p.requires_grad for p in parameters):
+            paths.append(path)
+            return
+        for name, child in module.named_children():
+            visit(f"{path}.{name}" if path else name, child)
+
+    visit("", model)
+    return paths
+
+
 def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> None:
     """Make only what ``adapt`` trains trainable, in place (``lora``: ``model.lora``, with
-    ``r``, ``alpha``, ``dropout``, ``projections`` and ``mlp``)."""
+    ``r``, ``alpha``, ``dropout``, ``projections`` and ``mlp``), and keep what it freezes in
+    eval mode (module docstring)."""
     check_adapt(adapt, lora)
     if adapt == "full":
         return
+    _freeze(model, adapt, lora or {})
+    model.frozen_modules = tuple(model.get_submodule(p) for p in frozen_module_paths(model))
+    model.train(model.training)
+
+
+@contextmanager
+def frozen_modules_expected(model: ForecastModule) -> Iterator[None]:
+    """Within the block (a fit), Lightning's warning that modules are in eval mode at the start
+    of training is not shown for a model whose ``model.adapt`` froze modules: those are in eval
+    mode on purpose (module docstring)."""
+    with warnings.catch_warnings():
+        if model.frozen_modules:
+            warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode at the start")
+        yield
+
+
+def _freeze(model: ForecastModule, adapt: str, lora: dict) -> None:
     if adapt == "lora":
         if model.compression:
             raise ValueError(
@@ -80,7 +123,7 @@ def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> 
                 "model's are factored (model.low_rank.enabled or a compressed checkpoint): "
                 "fine-tune it with model.adapt=full, frozen_backbone or head_only"
             )
-        _inject_lora(model, lora or {})
+        _inject_lora(model, lora)
         return
     modules = model.head_modules()
     if adapt == "frozen_backbone":

@@ -301,6 +301,20 @@ class ForecastModule(L.LightningModule, ABC):
         """Write the weights in the format ``model.checkpoint=<directory>`` loads (the official
         one where the model has one), so that the reloaded model forecasts identically."""
 
+    #: the submodules ``model.adapt`` froze (set by
+    #: :func:`isoprobe.models.adaptation.adapt_model`): they stay in eval mode (:meth:`train`)
+    frozen_modules: tuple[nn.Module, ...] = ()
+
+    def train(self, mode: bool = True) -> ForecastModule:
+        """``nn.Module.train``, except that a submodule ``model.adapt`` froze stays in eval
+        mode: a BatchNorm there keeps its running statistics, a dropout there draws nothing.
+        Lightning calls ``train()`` at the start of every training epoch, so the frozen part is
+        put back in eval mode at each call."""
+        super().train(mode)
+        for module in self.frozen_modules:
+            module.eval()
+        return self
+
     #: where the weights came from: set by the wrapper from ``model.checkpoint``
     resolved_checkpoint: ResolvedCheckpoint
     #: the attention projections factored by ``isoprobe.models.compression`` (None: dense)

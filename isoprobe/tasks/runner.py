@@ -18,7 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
-from isoprobe.models.adaptation import adapt_model, check_adapt, merged_export, parameter_counts
+from isoprobe.models.adaptation import (
+    adapt_model,
+    check_adapt,
+    frozen_modules_expected,
+    merged_export,
+    parameter_counts,
+)
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import low_rank_attention
 from isoprobe.models.compression_files import apply_saved_compression, export_compressed
@@ -203,7 +209,8 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if training:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with frozen_modules_expected(model):
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task == "pretrain":
