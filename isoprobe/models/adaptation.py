@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
@@ -66,6 +67,42 @@ def check_adapt(adapt: str, lora: dict | None = None) -> None:
             f"model.lora.projections must be a non-empty subset of "
             f"{list(ATTENTION_PROJECTIONS)}, got {projections!r}"
         )
+
+
+def check_adapt_needs_weights(
+    task: str, training: bool, model: Mapping[str, Any], ckpt_path: str | None
+) -> None:
+    """Refuse to adapt (``model.adapt`` other than full in a training ``task``) or to compress
+    (``task=compress``) weights that are random: ``model.checkpoint=scratch`` with no
+    ``ckpt_path`` to load trained ones from (compression reads the model as built, so a
+    ``ckpt_path`` does not help it), unless ``model.allow_random_weights`` says it is meant (a
+    random-features baseline, a test of the mechanics). Reads the settings only, so it runs
+    before any weights load."""
+    if model.get("checkpoint") != "scratch" or model.get("allow_random_weights"):
+        return
+    adapt = model.get("adapt", "full")
+    load = "load trained weights with model.checkpoint=bundled (or auto, a directory or a hub id)"
+    if task == "compress":
+        raise ValueError(
+            "task=compress with model.checkpoint=scratch would compress randomly initialised "
+            f"weights: {load}, or add model.allow_random_weights=true to compress random "
+            "weights on purpose"
+        )
+    if training and adapt != "full" and not ckpt_path:
+        raise ValueError(
+            f"model.adapt={adapt} with model.checkpoint=scratch would train "
+            f"{_TRAINS[adapt]} of a randomly initialised model and keep the rest random: {load}, "
+            "train every weight with model.adapt=full, or add model.allow_random_weights=true "
+            "to adapt random weights on purpose (a random-features baseline)"
+        )
+
+
+#: what each strategy but ``full`` trains, as the refusal of random weights words it
+_TRAINS = {
+    "lora": "low-rank adapters",
+    "frozen_backbone": "the input layers and the head",
+    "head_only": "the head",
+}
 
 
 def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:

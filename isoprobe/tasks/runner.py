@@ -21,6 +21,7 @@ from isoprobe.data import dataset_spec
 from isoprobe.models.adaptation import (
     adapt_model,
     check_adapt,
+    check_adapt_needs_weights,
     frozen_modules_expected,
     merged_export,
     parameter_counts,
@@ -64,6 +65,7 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
     kwargs.pop("name", None)
     low_rank = kwargs.pop("low_rank", None) or {}
     adapt, lora = kwargs.pop("adapt", "full"), kwargs.pop("lora", None)
+    kwargs.pop("allow_random_weights", None)  # a run's setting (check_adapt_needs_weights)
     check_adapt(adapt, lora)  # a wrong setting fails before the weights load
     try:
         model = instantiate(
@@ -115,6 +117,9 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
                 "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
                 "LoRA run's export, task=pretrain, holds its merged weights)"
             )
+    model_settings = {k: cfg.model.get(k) for k in ("checkpoint", "adapt", "allow_random_weights")}
+    training = cfg.task.name in TRAINING_TASKS
+    check_adapt_needs_weights(cfg.task.name, training, model_settings, cfg.get("ckpt_path"))
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):
