@@ -26,6 +26,10 @@ from torch.utils.data import Dataset, default_collate
 log = logging.getLogger(__name__)
 
 WINDOW_SELECTIONS = ("first", "random")
+#: the numerics of the probe's forward pass: ``float32`` whatever ``trainer.precision`` (autocast
+#: off, weights kept in another dtype cast to float32 for the pass), or ``trainer``: the
+#: trainer's validation precision (``bf16-mixed``: under autocast)
+PROBE_PRECISIONS = ("float32", "trainer")
 
 
 def probe_window_indices(size: int, num_windows: int, selection: str, seed: int) -> list[int]:
@@ -130,6 +134,36 @@ def _inference_mode_of(module: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _float32_forward(module: nn.Module, device_type: str) -> Iterator[None]:
+    """Autocast off and every floating weight and buffer of ``module`` in float32 (those a
+    ``*-true`` precision keeps in bfloat16 or float16 are cast for the block and back after it,
+    exactly: float32 holds each of their values), so the forward computes in float32."""
+    cast = [
+        (tensor, tensor.dtype)
+        for tensor in (*module.parameters(), *module.buffers())
+        if tensor.is_floating_point() and tensor.dtype in (torch.bfloat16, torch.float16)
+    ]
+    for tensor, _ in cast:
+        tensor.data = tensor.data.float()
+    try:
+        with torch.autocast(device_type=device_type, enabled=False):
+            yield
+    finally:
+        for tensor, dtype in cast:
+            tensor.data = tensor.data.to(dtype)
+
+
+def _precision_context(
+    trainer: Trainer, module: nn.Module, precision: str
+) -> contextlib.AbstractContextManager:
+    """Where the probe's forward runs: in float32 or under the trainer's validation precision
+    (:data:`PROBE_PRECISIONS`)."""
+    if precision == "trainer":
+        return trainer.precision_plugin.val_step_context()
+    return _float32_forward(module, trainer.strategy.root_device.type)
+
+
+@contextlib.contextmanager
 def _capture_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, list[Tensor]]]:
     captured: dict[str, list[Tensor]] = {name: [] for name in layers}
 
@@ -181,14 +215,19 @@ def run_probe_forward(
     plan: ProbePlan,
     layers: dict[str, nn.Module],
     all_tokens: bool = False,
+    precision: str = "float32",
 ) -> dict[str, LocalTokens]:
     """This rank's share of the probe set through the model: masked rows per layer (every
     position of the layer's output if ``all_tokens``, else the model's ``token_masks``, asked
     once per batch for every layer).
 
     One forward pass per batch captures every layer (forward hooks), in eval mode, without
-    gradients and under the trainer's validation precision context.
+    gradients, in float32 or under the trainer's validation precision (``precision``, one of
+    :data:`PROBE_PRECISIONS`; with ``trainer`` the batch is converted as the trainer converts a
+    step's input).
     """
+    if precision not in PROBE_PRECISIONS:
+        raise ValueError(f"precision must be one of {PROBE_PRECISIONS}, got {precision!r}")
     rank = trainer.global_rank
     rows: dict[str, list[Tensor]] = {name: [] for name in layers}
     counts: dict[str, list[int]] = {name: [] for name in layers}
@@ -196,9 +235,11 @@ def run_probe_forward(
         for batch_positions, is_padding in zip(plan.batches[rank], plan.padding[rank], strict=True):
             items = [dataset[windows[p]] for p in batch_positions]
             batch = trainer.strategy.batch_to_device(default_collate(items))
+            if precision == "trainer":
+                batch = trainer.precision_plugin.convert_input(batch)
             for outputs in captured.values():
                 outputs.clear()
-            with trainer.precision_plugin.val_step_context():
+            with _precision_context(trainer, pl_module, precision):
                 pl_module.probe_forward(batch)
             masks = {} if all_tokens else pl_module.token_masks(batch, list(layers))
             for name in layers:

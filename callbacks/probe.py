@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from isoprobe.callbacks.collect import WINDOW_SELECTIONS, probe_window_indices
+from isoprobe.callbacks.collect import PROBE_PRECISIONS, WINDOW_SELECTIONS, probe_window_indices
 from isoprobe.callbacks.probe_output import ProbeOutput
 from isoprobe.callbacks.records import make_record
 from isoprobe.callbacks.sharing import (
@@ -99,6 +99,10 @@ class Probe(Callback, ABC):
             draw, more than the rest of a small model's probe; the values are in the CSV and
             the loggers at every probe either way. -1: no pictures at all (a study's grid,
             whose analysis draws its own).
+        precision: the numerics of the collection pass (:data:`PROBE_PRECISIONS`):
+            ``float32`` (autocast off, float32 weights) whatever ``trainer.precision``, so the
+            geometry of given weights does not depend on the training precision, or
+            ``trainer``: the trainer's validation precision (``bf16-mixed``: autocast).
         follow: the name of another probe whose probe set and schedule (the
             :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings) this one takes when that
             probe is in the Trainer (its own apply when it is not); a followed setting given
@@ -133,6 +137,7 @@ class Probe(Callback, ABC):
         tokens: str = "real",
         log_tables: bool = True,
         figures_every_n_epochs: int = 0,
+        precision: str = "float32",
         follow: str | None = None,
     ) -> None:
         if every_n_epochs < 1:
@@ -156,6 +161,11 @@ class Probe(Callback, ABC):
         check_probe_site(site)
         if tokens not in TOKEN_CHOICES:
             raise ValueError(f"tokens must be one of {TOKEN_CHOICES}, got {tokens!r}")
+        if precision not in PROBE_PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {PROBE_PRECISIONS} (float32: the probe's forward in "
+                f"float32 whatever trainer.precision), got {precision!r}"
+            )
         if window_selection not in WINDOW_SELECTIONS:
             raise ValueError(
                 f"window_selection must be one of {WINDOW_SELECTIONS}, got {window_selection!r}"
@@ -176,6 +186,7 @@ class Probe(Callback, ABC):
         self.tokens = tokens
         self.log_tables = bool(log_tables)
         self.figures_every_n_epochs = int(figures_every_n_epochs)
+        self.precision = precision
         if follow == name:
             raise ValueError(f"probe {name!r} cannot follow itself")
         self.follow = follow
@@ -377,6 +388,7 @@ class Probe(Callback, ABC):
             self.batch_size,
             self.max_tokens,
             self.seed,
+            self.precision,
         )
 
     def _probe(

@@ -41,6 +41,7 @@ FOLLOWED = (
     "layers",
     "batch_size",
     "figures_every_n_epochs",
+    "precision",
 )
 
 
@@ -80,6 +81,7 @@ class TokenRequest:
     batch_size: int
     max_tokens: int
     seed: int
+    precision: str = "float32"
 
 
 @dataclass
@@ -170,5 +172,6 @@ def collect_tokens(
         plan,
         layers,
         request.tokens == "all",
+        request.precision,
     )
     return gather_subsampled_tokens(trainer, plan, local, request.max_tokens, request.seed)

@@ -9,6 +9,12 @@
   (:meth:`head_modules`) train; every block stays as it was.
 - ``head_only``: only the head trains.
 
+What a strategy freezes (:func:`frozen_module_paths`: every largest submodule that holds
+parameters, none of which trains) stays in eval mode for the whole fit, whatever
+``model.train()`` is called with (:meth:`~isoprobe.models.base.ForecastModule.train`): its
+buffers (BatchNorm's running statistics) stay as they were and its dropout is off, so a frozen
+layer computes in training exactly what it computes when probed.
+
 An adapted projection's ``weight`` is what it applies, ``W + (alpha / r) B A`` (the adapters
 merged on the fly, :class:`EffectiveLoraLinear`), so ``attention_weights()`` and the rank
 probes read the matrices the model computes with; the forward pass keeps LoRA's own
@@ -20,8 +26,10 @@ adapters merged into the weights. Checkpoints hold the adapters as ordinary tens
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
@@ -61,18 +69,90 @@ def check_adapt(adapt: str, lora: dict | None = None) -> None:
         )
 
 
+def check_adapt_needs_weights(
+    task: str, training: bool, model: Mapping[str, Any], ckpt_path: str | None
+) -> None:
+    """Refuse to adapt (``model.adapt`` other than full in a training ``task``) or to compress
+    (``task=compress``) weights that are random: ``model.checkpoint=scratch`` with no
+    ``ckpt_path`` to load trained ones from (compression reads the model as built, so a
+    ``ckpt_path`` does not help it), unless ``model.allow_random_weights`` says it is meant (a
+    random-features baseline, a test of the mechanics). Reads the settings only, so it runs
+    before any weights load."""
+    if model.get("checkpoint") != "scratch" or model.get("allow_random_weights"):
+        return
+    adapt = model.get("adapt", "full")
+    load = "load trained weights with model.checkpoint=bundled (or auto, a directory or a hub id)"
+    if task == "compress":
+        raise ValueError(
+            "task=compress with model.checkpoint=scratch would compress randomly initialised "
+            f"weights: {load}, or add model.allow_random_weights=true to compress random "
+            "weights on purpose"
+        )
+    if training and adapt != "full" and not ckpt_path:
+        raise ValueError(
+            f"model.adapt={adapt} with model.checkpoint=scratch would train "
+            f"{_TRAINS[adapt]} of a randomly initialised model and keep the rest random: {load}, "
+            "train every weight with model.adapt=full, or add model.allow_random_weights=true "
+            "to adapt random weights on purpose (a random-features baseline)"
+        )
+
+
+#: what each strategy but ``full`` trains, as the refusal of random weights words it
+_TRAINS = {
+    "lora": "low-rank adapters",
+    "frozen_backbone": "the input layers and the head",
+    "head_only": "the head",
+}
+
+
 def module_paths(model: nn.Module, modules: Sequence[nn.Module]) -> list[str]:
     """The paths in ``model`` of ``modules`` (each once, in the model's order)."""
     wanted = {id(m) for m in modules}
     return [name for name, m in model.named_modules() if id(m) in wanted]
 
 
+def frozen_module_paths(model: nn.Module) -> list[str]:
+    """The paths of the largest submodules of ``model`` that hold parameters, none of which
+    requires a gradient (a module without parameters, such as a dropout, belongs to the module
+    it sits in)."""
+    paths: list[str] = []
+
+    def visit(path: str, module: nn.Module) -> None:
+        parameters = list(module.parameters())
+        if parameters and not any(p.requires_grad for p in parameters):
+            paths.append(path)
+            return
+        for name, child in module.named_children():
+            visit(f"{path}.{name}" if path else name, child)
+
+    visit("", model)
+    return paths
+
+
 def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> None:
     """Make only what ``adapt`` trains trainable, in place (``lora``: ``model.lora``, with
-    ``r``, ``alpha``, ``dropout``, ``projections`` and ``mlp``)."""
+    ``r``, ``alpha``, ``dropout``, ``projections`` and ``mlp``), and keep what it freezes in
+    eval mode (module docstring)."""
     check_adapt(adapt, lora)
     if adapt == "full":
         return
+    _freeze(model, adapt, lora or {})
+    model.frozen_modules = tuple(model.get_submodule(p) for p in frozen_module_paths(model))
+    model.train(model.training)
+
+
+@contextmanager
+def frozen_modules_expected(model: ForecastModule) -> Iterator[None]:
+    """Within the block (a fit), Lightning's warning that modules are in eval mode at the start
+    of training is not shown for a model whose ``model.adapt`` froze modules: those are in eval
+    mode on purpose (module docstring)."""
+    with warnings.catch_warnings():
+        if model.frozen_modules:
+            warnings.filterwarnings("ignore", r"Found \d+ module\(s\) in eval mode at the start")
+        yield
+
+
+def _freeze(model: ForecastModule, adapt: str, lora: dict) -> None:
     if adapt == "lora":
         if model.compression:
             raise ValueError(
@@ -80,7 +160,7 @@ def adapt_model(model: ForecastModule, adapt: str, lora: dict | None = None) -> 
                 "model's are factored (model.low_rank.enabled or a compressed checkpoint): "
                 "fine-tune it with model.adapt=full, frozen_backbone or head_only"
             )
-        _inject_lora(model, lora or {})
+        _inject_lora(model, lora)
         return
     modules = model.head_modules()
     if adapt == "frozen_backbone":

@@ -10,7 +10,8 @@ the model contract, every part of which ``tests/models/test_contract.py`` checks
   scale);
 - :meth:`probe_layers` per probe site, :meth:`token_masks` (which positions are real tokens, for
   all probed layers at once), :meth:`probe_forward` (one pass that runs every probed module
-  exactly once);
+  exactly once) and :meth:`training_token_masks` (the same tokens among the positions of
+  :meth:`loss`'s forward, which the isotropy regulariser penalises);
 - :meth:`attention_weights` (the Q, K, V, O matrices of every block's self-attention, for the
   rank measures and compression) and, for an encoder-decoder, :meth:`cross_attention_weights`
   (those of every decoder block's cross-attention; ``{}``, the default, for a model without
@@ -59,6 +60,12 @@ What the contract requires of these methods (each point a test of the contract):
   (observed, missing or left padding), and not real when its own step is missing even though
   its lags carry observed values; those values are real at their own steps' tokens, so none
   is counted twice and none is left out.
+- **Training tokens.** :meth:`training_token_masks` selects, from each layer's output in
+  :meth:`loss` (a module that runs several times there, as TimesFM's decoding steps, at its
+  first run), exactly the tokens :meth:`token_masks` selects from :meth:`probe_forward`'s, in
+  the same order: the regulariser penalises the tokens the probe measures. The default,
+  :meth:`token_masks` itself, holds where the loss's first pass reads the positions the probe
+  pass does; a loss that reads more (GPT-2's context followed by its target) overrides it.
 - **Samples.** A model that forecasts by sampling (a ``num_samples`` argument) returns
   ``Forecast.samples`` [B, num_samples, H], and its quantiles are those samples' empirical
   quantiles.
@@ -222,6 +229,13 @@ class ForecastModule(L.LightningModule, ABC):
         patch model's ``[B, C, P, D]``). Called once per probe batch for every probed layer,
         so the work the masks share (tokenising the batch) is done once."""
 
+    def training_token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """Layer name -> bool mask, of the shape of that layer's output in :meth:`loss` (its
+        first run there) without the width, of the real tokens :meth:`token_masks` marks in the
+        probe pass (the contract's "Training tokens"). The default is :meth:`token_masks`, right
+        where the loss's forward reads the positions :meth:`probe_forward` reads."""
+        return self.token_masks(batch, layers)
+
     @abstractmethod
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Block name (as in ``probe_layers("block")``: ``encoder.<i>``, ``decoder.<i>``) ->
@@ -286,6 +300,20 @@ class ForecastModule(L.LightningModule, ABC):
     def export(self, directory: str, dtype: str = "float32") -> None:
         """Write the weights in the format ``model.checkpoint=<directory>`` loads (the official
         one where the model has one), so that the reloaded model forecasts identically."""
+
+    #: the submodules ``model.adapt`` froze (set by
+    #: :func:`isoprobe.models.adaptation.adapt_model`): they stay in eval mode (:meth:`train`)
+    frozen_modules: tuple[nn.Module, ...] = ()
+
+    def train(self, mode: bool = True) -> ForecastModule:
+        """``nn.Module.train``, except that a submodule ``model.adapt`` froze stays in eval
+        mode: a BatchNorm there keeps its running statistics, a dropout there draws nothing.
+        Lightning calls ``train()`` at the start of every training epoch, so the frozen part is
+        put back in eval mode at each call."""
+        super().train(mode)
+        for module in self.frozen_modules:
+            module.eval()
+        return self
 
     #: where the weights came from: set by the wrapper from ``model.checkpoint``
     resolved_checkpoint: ResolvedCheckpoint

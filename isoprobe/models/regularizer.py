@@ -14,7 +14,9 @@ Two penalties of a layer's real tokens X [n, D] (rows x_i; ``regularizer.penalty
   by a shared mean direction) does not; it costs O(n min(n, D)²).
 
 R is the mean over the chosen layers (``regularizer.layers``: ``last``, the last block of each
-stack, or a list of ``probe_layers()`` names).
+stack, or a list of ``probe_layers()`` names). A layer's tokens are those the probe measures: its
+output in the training forward (at the first run of a module that runs several times, as
+TimesFM's decoding steps) at the positions the model's ``training_token_masks`` marks real.
 """
 
 from __future__ import annotations
@@ -86,14 +88,16 @@ class IsotropyRegularizer:
 
     @contextmanager
     def capture(self, model) -> Iterator[dict[str, Tensor]]:
-        """Within the block, every chosen layer's output of the forward pass, with its graph."""
+        """Within the block, every chosen layer's output of the forward pass (its first run),
+        with its graph."""
         captured: dict[str, Tensor] = {}
         modules = model.probe_layers("block")
         handles = []
         for name in self.layer_names(model):
 
             def hook(_module, _inputs, output, name=name) -> None:
-                captured[name] = output[0] if isinstance(output, tuple) else output
+                if name not in captured:
+                    captured[name] = output[0] if isinstance(output, tuple) else output
 
             handles.append(modules[name].register_forward_hook(hook))
         try:
@@ -104,7 +108,7 @@ class IsotropyRegularizer:
 
     def __call__(self, model, batch, captured: Mapping[str, Tensor]) -> Tensor:
         """The mean penalty over the captured layers' real tokens (those with at least 2)."""
-        masks = model.token_masks(batch, list(captured))
+        masks = model.training_token_masks(batch, list(captured))
         values = []
         for name, output in captured.items():
             tokens = output[masks[name].to(output.device)].float()

@@ -19,7 +19,14 @@ from omegaconf import DictConfig, OmegaConf
 from isoprobe.analysis.run_files import PROMISED_ROWS
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
-from isoprobe.models.adaptation import adapt_model, check_adapt, merged_export, parameter_counts
+from isoprobe.models.adaptation import (
+    adapt_model,
+    check_adapt,
+    check_adapt_needs_weights,
+    frozen_modules_expected,
+    merged_export,
+    parameter_counts,
+)
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import low_rank_attention
 from isoprobe.models.compression_files import apply_saved_compression, export_compressed
@@ -59,6 +66,7 @@ def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> For
     kwargs.pop("name", None)
     low_rank = kwargs.pop("low_rank", None) or {}
     adapt, lora = kwargs.pop("adapt", "full"), kwargs.pop("lora", None)
+    kwargs.pop("allow_random_weights", None)  # a run's setting (check_adapt_needs_weights)
     check_adapt(adapt, lora)  # a wrong setting fails before the weights load
     try:
         model = instantiate(
@@ -110,6 +118,9 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
                 "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
                 "LoRA run's export, task=pretrain, holds its merged weights)"
             )
+    model_settings = {k: cfg.model.get(k) for k in ("checkpoint", "adapt", "allow_random_weights")}
+    training = cfg.task.name in TRAINING_TASKS
+    check_adapt_needs_weights(cfg.task.name, training, model_settings, cfg.get("ckpt_path"))
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):
@@ -204,7 +215,8 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
     elif cfg.task.evaluate_before and ckpt_path is None:
         results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if training:
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with frozen_modules_expected(model):
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     if task == "pretrain":

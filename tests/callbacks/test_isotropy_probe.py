@@ -270,3 +270,80 @@ def test_pca_coordinates_are_the_principal_components():
     np.testing.assert_allclose(np.abs(coords), np.abs(reference), atol=1e-9)
     flat = pca_coordinates(torch.randn(5, 2, generator=gen))
     assert flat.shape == (5, 3) and np.all(flat[:, 2] == 0)
+
+
+def _probed_values(tmp_path: Path, model: ToyForecaster, trainer_precision: str, **probe) -> list:
+    """Every (layer, metric, value) the isotropy probe records of ``model``'s weights in one
+    validation-only run of a Trainer at ``trainer_precision``."""
+    probe = _probe(tmp_path, pca_layers=[], **probe)
+    trainer = _trainer(tmp_path, [probe], precision=trainer_precision)
+    trainer.validate(model, datamodule=ToyData(), verbose=False)
+    return [(r["layer"], r["metric"], r["value"]) for r in probe.records]
+
+
+def test_the_probe_forwards_in_float32_whatever_the_trainer_precision(tmp_path):
+    """By default the geometry of given weights is the float32 one: a bf16-mixed Trainer's
+    probe records exactly a 32-true Trainer's; ``precision=trainer`` follows the trainer (under
+    autocast): the same rows with other values."""
+    L.seed_everything(0)
+    model = ToyForecaster()
+    float32 = _probed_values(tmp_path / "32", copy.deepcopy(model), "32-true")
+    default = _probed_values(tmp_path / "bf16", copy.deepcopy(model), "bf16-mixed")
+    following = _probed_values(
+        tmp_path / "trainer", copy.deepcopy(model), "bf16-mixed", precision="trainer"
+    )
+    assert default == float32
+    assert following != float32
+    assert [row[:2] for row in following] == [row[:2] for row in float32]
+
+
+def _collect(trainer, model, precision: str = "float32") -> dict[str, torch.Tensor]:
+    plan = ProbePlan.build(4, batch_size=2, world_size=1)
+    layers = model.probe_layers()
+    return {
+        name: tokens.rows
+        for name, tokens in run_probe_forward(
+            trainer, model, ToyWindows(4, seed=2), range(4), plan, layers, False, precision
+        ).items()
+    }
+
+
+@pytest.mark.parametrize(
+    "precision, dtype", [("float32", torch.float32), ("trainer", torch.bfloat16)]
+)
+def test_under_bf16_mixed_the_probed_rows_are_float32_unless_the_probe_follows_the_trainer(
+    tmp_path, precision, dtype
+):
+    L.seed_everything(0)
+    model = ToyForecaster()
+    rows = _collect(_trainer(tmp_path, [], precision="bf16-mixed"), model, precision)
+    assert rows["embed"].dtype == dtype  # a linear layer's output, under autocast or not
+
+
+def test_weights_kept_in_bfloat16_are_probed_in_float32_and_left_as_they_were(tmp_path):
+    """Weights a ``*-true`` precision keeps in bfloat16: the float32 probe computes with their
+    values in float32 (the rows of a float32 model holding those values) and leaves them
+    bfloat16, bit for bit."""
+    L.seed_everything(0)
+    model = ToyForecaster().bfloat16()
+    held = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    float32 = copy.deepcopy(model).float()
+    trainer = _trainer(tmp_path, [])
+    rows, expected = _collect(trainer, model), _collect(trainer, float32)
+    assert all(torch.equal(rows[layer], expected[layer]) for layer in LAYERS)
+    assert all(rows[layer].dtype == torch.float32 for layer in LAYERS)
+    state = model.state_dict()
+    assert all(state[k].dtype == v.dtype and torch.equal(state[k], v) for k, v in held.items())
+
+
+def test_an_unknown_probe_precision_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(ValueError, match=r"precision must be one of \('float32', 'trainer'\)"):
+        _probe(tmp_path, precision="bf16")
+
+
+def test_the_probe_precision_is_a_setting_of_every_probe_config(tiny_config):
+    default = tiny_config()
+    assert instantiate(default.callbacks.isotropy).precision == "float32"
+    assert instantiate(default.callbacks.rank).precision == "float32"
+    following = tiny_config("callbacks.isotropy.precision=trainer")
+    assert instantiate(following.callbacks.isotropy).precision == "trainer"

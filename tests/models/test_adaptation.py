@@ -5,12 +5,17 @@ equal to chronos-forecasting's own ``Chronos2Pipeline.fit(finetune_mode="lora")`
 
 from __future__ import annotations
 
+import warnings
+from types import SimpleNamespace
+
+import pandas as pd
 import peft
 import pytest
 import torch
 from chronos import ChronosBoltPipeline
 from chronos.chronos2 import Chronos2Pipeline
 from isoprobe.callbacks.collect import _capture_outputs
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -21,7 +26,8 @@ from isoprobe.models.adaptation import (
     module_paths,
     parameter_counts,
 )
-from isoprobe.models.base import LINEAR_TYPES
+from isoprobe.models.base import LINEAR_TYPES, ForecastModule
+from isoprobe.tasks import build_model, run_task
 from tests.models.test_contract import MODELS, build, make_batch, seeded_forecast
 
 
@@ -210,3 +216,91 @@ def test_an_unknown_strategy_or_projection_is_refused_by_name(tmp_path):
 def test_lora_on_factored_projections_is_refused(tmp_path):
     with pytest.raises(ValueError, match="model.adapt=lora .* factored"):
         adapted(tmp_path, "patchtst", "lora", "model.low_rank.enabled=true")
+
+
+def probed_outputs(model: ForecastModule, layers: list[str]) -> dict[str, torch.Tensor]:
+    """Every layer's output of one probe pass, in eval mode as the probe runs it."""
+    training = model.training
+    model.eval()
+    with torch.no_grad(), _capture_outputs(model.probe_layers()) as captured:
+        model.probe_forward(make_batch())
+    model.train(training)
+    return {layer: captured[layer][0].clone() for layer in layers}
+
+
+def frozen_modules(model: ForecastModule) -> dict[str, nn.Module]:
+    """Path -> every module inside a module whose parameters (one at least) are all frozen."""
+    tops = [
+        path
+        for path, module in model.named_modules()
+        if (parameters := list(module.parameters()))
+        and not any(p.requires_grad for p in parameters)
+    ]
+    return {
+        path: module
+        for path, module in model.named_modules()
+        if any(path == top or path.startswith(f"{top}.") for top in tops)
+    }
+
+
+def buffers_of(modules: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    return {
+        f"{path}.{name}": buffer.clone()
+        for path, module in modules.items()
+        for name, buffer in module.named_buffers(recurse=False)
+    }
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("adapt", ["lora", "frozen_backbone", "head_only"])
+def test_what_a_strategy_freezes_stays_in_eval_mode_through_training(tmp_path, name, adapt):
+    """model.train(), as Lightning calls it at every epoch, leaves every module the strategy
+    froze (its parameters all frozen) in eval mode and puts the rest in training mode; training
+    steps change no buffer of a frozen module, and under head_only no probed layer (unless
+    the head is tied to the input embedding, Chronos-T5's and GPT-2's, which then trains)."""
+    model = adapted(tmp_path, name, adapt)
+    modules = frozen_modules(model)
+    frozen = {id(m) for m in modules.values()}
+    assert frozen, "the strategy froze nothing"
+    if adapt != "lora":
+        assert all(id(trained) not in frozen for trained in model.head_modules())
+    layers = list(model.probe_layers())
+    before, buffers = probed_outputs(model, layers), buffers_of(modules)
+    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    for _ in range(2):
+        model.train()
+        assert all(m.training == (id(m) not in frozen) for m in model.modules())
+        optimiser.zero_grad()
+        model.loss(make_batch()).backward()
+        optimiser.step()
+    after = buffers_of(modules)
+    assert all(torch.equal(after[key], value) for key, value in buffers.items())
+    tied = any(p.requires_grad for m in model.input_modules() for p in m.parameters())
+    if adapt == "head_only" and not tied:
+        moved = probed_outputs(model, layers)
+        assert all(torch.equal(moved[layer], before[layer]) for layer in layers)
+
+
+@pytest.mark.parametrize("adapt", ["frozen_backbone", "head_only"])
+def test_patchtst_frozen_batchnorm_keeps_its_statistics_through_a_run(tiny_config, tmp_path, adapt):
+    """The trial's run (the bundled PatchTST, whose encoder is BatchNorm-normalised): after an
+    epoch the frozen encoder's running means and variances are the bundled ones bit for bit,
+    and under head_only every probed value after the epoch is the value before it."""
+    overrides = ["model.checkpoint=bundled", f"model.adapt={adapt}", "logger=none"]
+    overrides += ["data.context_length=512", "data.prediction_length=64", "~callbacks.rank"]
+    overrides += ["task.evaluate_before=false", "task.evaluate_after=false"]
+    cfg = tiny_config(*overrides, model="patchtst")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".* in eval mode", PossibleUserWarning)  # on purpose
+        run_task(cfg)
+    trained = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    windows = SimpleNamespace(context_length=512, prediction_length=64, season_length=1, freq="h")
+    bundled = build_model(cfg.model, windows).state_dict()
+    statistics = [k for k in bundled if k.endswith(("running_mean", "running_var"))]
+    assert statistics and all(".encoder." in k for k in statistics)
+    assert all(torch.equal(trained[k], bundled[k]) for k in statistics)
+    probed = pd.read_csv(tmp_path / "probe_metrics.csv")
+    assert set(probed["epoch"]) == {0, 1}
+    values = probed.pivot_table(index=["layer", "metric"], columns="epoch", values="value")
+    if adapt == "head_only":
+        assert values[0].equals(values[1])

@@ -139,6 +139,7 @@ def test_task_compress_writes_the_table_and_loadable_models(tiny_config, tmp_pat
     cfg = tiny_config(
         "task=compress",
         "model.checkpoint=scratch",
+        "model.allow_random_weights=true",
         "compress.epsilon=[0.6,0.8]",
         "compress.timed_batches=1",
         "compress.repeats=1",

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from isoprobe.callbacks.collect import _capture_outputs
 
 from isoprobe.models.regularizer import (
     IsotropyRegularizer,
@@ -14,6 +15,7 @@ from isoprobe.models.regularizer import (
 )
 from isoprobe.tasks import run_task
 from tests.conftest import compose_config, tiny_for
+from tests.models.test_contract import MODELS, build, make_batch
 
 
 def anisotropic(n: int = 40, d: int = 12, seed: int = 0) -> np.ndarray:
@@ -91,3 +93,66 @@ def test_weight_zero_trains_exactly_as_without_and_a_weight_changes_training(tmp
     assert strong["after"] != plain["after"]
     logged = pd.read_csv(next((tmp_path / "strong" / "csv").glob("**/metrics.csv")))
     assert logged["train/reg"].notna().any() and "train/loss" in logged
+
+
+#: the models the contract builds (tests/models/test_contract.py), the T5 LLM, and TimesFM
+#: forecasting in two decoding steps (its loss runs every block twice)
+REGULARISED = [
+    *(pytest.param(name, (), id=name) for name in MODELS),
+    pytest.param("llm", ("model.arch=t5",), id="llm-t5"),
+    pytest.param("timesfm", ("model.sizes.mini.horizon_length=4",), id="timesfm-two-steps"),
+]
+
+
+def regularised_model(tmp_path, name: str, overrides: tuple[str, ...]):
+    return build(tmp_path, name, overrides=overrides)
+
+
+@pytest.mark.parametrize("name, overrides", REGULARISED)
+def test_the_regulariser_penalises_the_tokens_the_probe_measures(tmp_path, name, overrides):
+    """Every block's tokens the regulariser takes from the training forward (its
+    ``training_token_masks``) are the rows the probe collects from ``probe_forward`` (its
+    ``token_masks``), in the same order."""
+    model = regularised_model(tmp_path, name, overrides).eval()
+    layers = list(model.probe_layers("block"))
+    regularizer = IsotropyRegularizer(1.0, layers=layers)
+    batch = make_batch()
+    with torch.no_grad():
+        with regularizer.capture(model) as trained:
+            model.loss(batch)
+        with _capture_outputs(model.probe_layers("block")) as probed:
+            model.probe_forward(batch)
+    training_masks = model.training_token_masks(batch, layers)
+    probe_masks = model.token_masks(batch, layers)
+    for layer in layers:
+        penalised = trained[layer][training_masks[layer]]
+        measured = probed[layer][0][probe_masks[layer]]
+        assert penalised.shape == measured.shape and len(measured) > 0, layer
+        torch.testing.assert_close(penalised, measured, rtol=1e-4, atol=1e-5, msg=layer)
+
+
+def step_gradients(model, batch, regularizer) -> list[torch.Tensor]:
+    model.regularizer = regularizer
+    model.zero_grad()
+    torch.manual_seed(1)  # the same dropout draws with and without the penalty
+    loss = model.training_step(batch, 0)
+    assert torch.isfinite(loss)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")
+@pytest.mark.parametrize("penalty", ["cos_inter", "covariance"])
+@pytest.mark.parametrize("name, overrides", REGULARISED)
+def test_a_training_step_with_the_regulariser_is_finite_and_the_penalty_moves_it(
+    tmp_path, name, overrides, penalty
+):
+    """One training step of every model with each penalty on its last blocks: a finite loss,
+    finite gradients, and gradients other than the task loss's alone."""
+    model = regularised_model(tmp_path, name, overrides).train()
+    batch = make_batch()
+    plain = step_gradients(model, batch, None)
+    regularised = step_gradients(model, batch, IsotropyRegularizer(1.0, penalty))
+    assert len(plain) == len(regularised)
+    assert all(torch.isfinite(g).all() for g in regularised)
+    assert any(not torch.equal(a, b) for a, b in zip(plain, regularised, strict=True))

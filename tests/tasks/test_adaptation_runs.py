@@ -14,7 +14,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from isoprobe.models.adaptation import ADAPT_CHOICES
+from isoprobe.models.adaptation import ADAPT_CHOICES, check_adapt_needs_weights
 from isoprobe.tasks import run_task
 from tests.conftest import CONFIG_DIR, ROOT, compose_config, tiny_for
 
@@ -23,6 +23,7 @@ MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 #: only the checkpoint callback, no evaluation, no validation
 SHORT = [
     "model.checkpoint=scratch",
+    "model.allow_random_weights=true",
     "data.max_train_windows=32",
     "+trainer.max_steps=2",
     "+trainer.limit_val_batches=0",
@@ -109,3 +110,52 @@ def test_the_strategies_study_ends_with_its_report(tmp_path):
 def test_compressing_a_lora_model_is_refused(tiny_config):
     with pytest.raises(ValueError, match="task=compress .* model.adapt=full"):
         run_task(tiny_config("task=compress", "model.adapt=lora"))
+
+
+@pytest.mark.parametrize("adapt", [a for a in ADAPT_CHOICES if a != "full"])
+@pytest.mark.parametrize("name", MODELS)
+def test_adapting_random_weights_is_refused_before_anything_loads(
+    tiny_config, monkeypatch, name, adapt
+):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the settings were checked")
+
+    monkeypatch.setattr("isoprobe.tasks.runner.build_model", no_model)
+    cfg = tiny_config("model.checkpoint=scratch", f"model.adapt={adapt}", model=name)
+    expected = (
+        rf"model.adapt={adapt} with model.checkpoint=scratch would train .* randomly "
+        r"initialised model .*model.checkpoint=bundled .*model.adapt=full.*"
+        r"model.allow_random_weights=true"
+    )
+    with pytest.raises(ValueError, match=expected):
+        run_task(cfg)
+
+
+def test_patchtst_by_default_is_random_weights_and_refuses_head_only(tiny_config):
+    """The trial: `model=patchtst model.adapt=head_only`, whose checkpoint defaults to scratch."""
+    with pytest.raises(ValueError, match="model.adapt=head_only with model.checkpoint=scratch"):
+        run_task(tiny_config("model.adapt=head_only", model="patchtst"))
+
+
+def test_compressing_random_weights_is_refused(tiny_config):
+    with pytest.raises(ValueError, match=r"task=compress with model.checkpoint=scratch .*bundled"):
+        run_task(tiny_config("task=compress", model="patchtst"))
+
+
+@pytest.mark.parametrize(
+    "task, settings, ckpt_path",
+    [
+        ("finetune", {"checkpoint": "scratch", "adapt": "full"}, None),  # trains every weight
+        ("finetune", {"checkpoint": "bundled", "adapt": "lora"}, None),
+        ("finetune", {"checkpoint": "scratch", "adapt": "lora"}, "last.ckpt"),  # a resume
+        ("probe", {"checkpoint": "scratch", "adapt": "head_only"}, None),  # nothing trains
+        ("compress", {"checkpoint": "auto", "adapt": "full"}, None),
+        (
+            "finetune",
+            {"checkpoint": "scratch", "adapt": "lora", "allow_random_weights": True},
+            None,
+        ),
+    ],
+)
+def test_what_does_not_adapt_random_weights_is_not_refused(task, settings, ckpt_path):
+    check_adapt_needs_weights(task, task in ("finetune", "pretrain"), settings, ckpt_path)

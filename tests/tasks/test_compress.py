@@ -144,6 +144,7 @@ def test_an_unchanged_model_reads_one_in_time_and_memory(tiny_config, one_thread
         tiny_config(
             "task=compress",
             "model.checkpoint=scratch",
+            "model.allow_random_weights=true",
             "compress.epsilon=1e-9",
             "compress.timed_batches=1",
             "compress.repeats=5",

@@ -315,6 +315,7 @@ def train_losses(run_dir) -> pd.Series:
 def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path, adapt):
     common = ["model.checkpoint=scratch", "task.evaluate_before=false", "task.evaluate_after=false"]
     common += ["trainer.log_every_n_steps=1", f"model.adapt={adapt}"]
+    common += ["model.allow_random_weights=true"]
     run_tiny(tmp_path / "whole", *common, "trainer.max_epochs=2")
     run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1")
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"

@@ -241,6 +241,18 @@ class LlmModule(PromptEncoding, ForecastModule):
             masks[name] = decoder_mask if reads_target else encoder_mask
         return masks
 
+    def training_token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
+        """GPT-2's loss reads the context followed by the target as one sequence: its real
+        tokens are the context's value tokens there, the positions whose states equal the
+        probe pass's (causal attention, the same position ids), the target's left out as the
+        probe leaves them out. T5's loss reads what its probe pass reads."""
+        if self.arch == "t5":
+            return self.token_masks(batch, layers)
+        layers = list(layers)
+        self.check_layer_names(layers, "LLM")
+        real = self._writing_values(self.encode_training(batch))
+        return {name: real for name in layers}
+
     def _writing_values(self, encoded: Encoded) -> Tensor:
         """The tokens of ``encoded`` that write an observed value (``real``, separators out;
         the loss still trains the separators, which forecasts need to be read)."""
