@@ -6,9 +6,10 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    from isoprobe.tasks import run_task
+    from isoprobe.tasks import exit_on_user_error, run_task
 
-    run_task(cfg)
+    with exit_on_user_error():
+        run_task(cfg)
 
 
 if __name__ == "__main__":

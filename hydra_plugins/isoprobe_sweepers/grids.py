@@ -30,6 +30,14 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.errors import CompactHydraException, OverrideParseException
+
+#: how a grid is written, for the messages that refuse a malformed one
+GRID_FORM = "a mapping of key: comma-separated values, e.g. {model: chronos, seed: '1,2'}"
+
+
+class GridError(CompactHydraException, ValueError):
+    """A malformed entry of ``hydra.sweeper.grids`` (Hydra prints its message alone)."""
 
 
 class GridsSweeper(BasicSweeper):
@@ -42,7 +50,7 @@ class GridsSweeper(BasicSweeper):
         params: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=dict(params or {}))
-        self.grids = [dict(grid) for grid in grids or [{}]]
+        self.grids = [checked_grid(i, grid) for i, grid in enumerate(grids or [{}])]
 
     def split_arguments(  # type: ignore[override]
         self, overrides: list[Override], max_batch_size: int | None
@@ -62,8 +70,35 @@ def grid_jobs(
     they are numbered, with ``overrides`` applied to every grid and repeats run once; with
     ``grids=[{}]`` the jobs of Hydra's basic sweeper over ``overrides``."""
     jobs: list[list[str]] = []
-    for grid in grids:
-        grid_overrides = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()])
+    for index, grid in enumerate(grids):
+        try:
+            grid_overrides = parser.parse_overrides([f"{k}={v}" for k, v in grid.items()])
+        except OverrideParseException as err:
+            raise GridError(
+                f"hydra.sweeper.grids[{index}] = {dict(grid)} does not parse ({err.message}): "
+                f"each grid is {GRID_FORM}"
+            ) from None
         (expanded,) = BasicSweeper.split_arguments([*grid_overrides, *overrides], None)
         jobs += [job for job in expanded if job not in jobs]
     return jobs
+
+
+def checked_grid(index: int, grid: Any) -> dict[str, Any]:
+    """Grid ``index`` of ``hydra.sweeper.grids`` as a dict, refused in one message naming it
+    when it is not a mapping of keys to one value or a comma-separated string of values."""
+    if not isinstance(grid, Mapping):
+        raise GridError(
+            f"hydra.sweeper.grids[{index}] = {grid!r} is not a grid: each is {GRID_FORM}"
+        )
+    for key, value in grid.items():
+        if not isinstance(value, (str, int, float, bool)) and value is not None:
+            raise GridError(
+                f"hydra.sweeper.grids[{index}].{key} = {value!r}: a grid's values are one "
+                f"comma-separated string ({key}: '{','.join(map(str, _listed(value)))}'); "
+                f"each grid is {GRID_FORM}"
+            )
+    return dict(grid)
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]

@@ -30,6 +30,8 @@ import pyarrow.compute as pc
 import yaml
 from pyarrow import csv as pa_csv
 
+from isoprobe.errors import IsoprobeError
+
 #: libyaml's safe loader where PyYAML was built with it (ten times the pure-Python one)
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: a probe record's columns (what the probe callbacks write)
@@ -49,7 +51,7 @@ _TYPES = {
 }
 
 
-class UnreadableRun(ValueError):
+class UnreadableRun(IsoprobeError, ValueError):
     """A run file that cannot be read in full; the message is the reason, naming the file."""
 
 

@@ -41,6 +41,7 @@ from isoprobe.analysis.run_files import (
     read_summary,
 )
 from isoprobe.analysis.sweep_jobs import never_started, sweeps_under
+from isoprobe.errors import IsoprobeError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ PROBE_SETTING_PREFIXES = ("callbacks.",)
 COSMETIC_SETTINGS = ("figures_every_n_epochs", "log_prefix", "_target_")
 
 
-class AnalysisError(ValueError):
+class AnalysisError(IsoprobeError, ValueError):
     """Runs that cannot be analysed as asked."""
 
 

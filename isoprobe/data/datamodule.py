@@ -257,13 +257,15 @@ class TimeSeriesDataModule(L.LightningDataModule):
             if s in needed and f > 0 and len(starts[s]) == 0
         ]
         if empty:
+            fixes = "lower data.context_length / data.prediction_length or widen data.split"
+            if self.nan_policy != "impute":
+                fixes += ", or use data.nan_policy=impute (missing values cut no windows)"
             raise ValueError(
                 f"data set {self.dataset!r} gives no {'/'.join(empty)} window with context "
                 f"{self.context_length} + horizon {self.prediction_length}, split "
                 f"{list(self.split)} and nan_policy {self.nan_policy!r} (series lengths "
                 f"{lengths.min()}..{lengths.max()}): each segment must hold a whole horizon. "
-                "Lower data.context_length / data.prediction_length, widen data.split, or use "
-                "data.nan_policy=impute."
+                f"To get one, {fixes}."
             )
 
     def train_dataloader(self) -> DataLoader:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from isoprobe.data.offline import on_grid
+from isoprobe.errors import IsoprobeError
 
 #: a UTC offset (or Z) at the end of a timestamp string
 _UTC_OFFSET = r"(?:Z|[+-]\d{2}:?\d{2})$"
@@ -20,7 +21,7 @@ _DAY_NS = 86_400 * 10**9
 _BASE_SEASONALITY = {"s": 3600, "min": 1440, "h": 24, "D": 1, "W": 1, "M": 12, "B": 5, "Q": 4}
 
 
-class LocalDataError(ValueError):
+class LocalDataError(IsoprobeError, ValueError):
     """A local data file that cannot be read as series; the message names the fix."""
 
 

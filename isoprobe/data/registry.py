@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from isoprobe.errors import IsoprobeError
+
 
 @dataclass(frozen=True)
 class SeriesCollection:
@@ -47,7 +49,7 @@ _REGISTRY: dict[str, DatasetSpec] = {}
 _LOADED: dict[tuple[str, tuple[tuple[str, str], ...]], SeriesCollection] = {}
 
 
-class UnknownDatasetError(KeyError):
+class UnknownDatasetError(IsoprobeError, KeyError):
     """Raised for a data set name that nothing registered."""
 
     def __str__(self) -> str:  # KeyError quotes its message; show it plainly

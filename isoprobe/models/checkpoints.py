@@ -25,6 +25,7 @@ from huggingface_hub.errors import HFValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from isoprobe.errors import IsoprobeError
 from isoprobe.network import host_reachable
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(IsoprobeError, RuntimeError):
     """A checkpoint that cannot be resolved or does not fit the model."""
 
 

@@ -72,6 +72,17 @@ def primary_forecast(study: Study, name: str) -> str:
     )
 
 
+def check_isotropy_metric(study: Study, metric: str) -> None:
+    """Refuse an ``analyze.isotropy_metric`` that no run recorded (before anything is written),
+    naming the metrics the runs hold."""
+    recorded = set(study.table["metric"].dropna().unique()) if not study.table.empty else set()
+    if recorded and metric not in recorded:
+        raise AnalysisError(
+            f"analyze.isotropy_metric={metric!r} is not among the metrics the runs recorded; "
+            f"choose one of {sorted(recorded)}"
+        )
+
+
 def note_runs_without(study: Study, forecast: str) -> None:
     """Name in :attr:`Study.partly_left_out` each run that lacks the primary forecast metric."""
     for run in study.runs.loc[study.runs[forecast].isna(), "run"]:
@@ -104,6 +115,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
 def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     options = cfg.analyze
     study = load_study(runs, allow_mixed=bool(options.allow_mixed))
+    check_isotropy_metric(study, str(options.isotropy_metric))
     study.table.to_csv(output / "study.csv", index=False)
     study.table.to_parquet(output / "study.parquet", index=False)
     written = ["study.csv"]

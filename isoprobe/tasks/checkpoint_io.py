@@ -21,8 +21,10 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
+from isoprobe.errors import IsoprobeError
 
-class CheckpointWriteError(OSError):
+
+class CheckpointWriteError(IsoprobeError, OSError):
     """A checkpoint could not be written (the previous checkpoints are untouched)."""
 
 

@@ -32,6 +32,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from isoprobe.analysis.run_files import UnreadableRun, read_config
+from isoprobe.errors import IsoprobeError
 from isoprobe.tasks.run_lock import RunDirectoryInUse, run_directory_lock
 
 #: what a run writes into its directory, besides ``.hydra/config.yaml``
@@ -46,7 +47,7 @@ RUN_RECORDS = (
 SWEEP_FILE = "multirun.yaml"
 
 
-class OutputRefused(RuntimeError):
+class OutputRefused(IsoprobeError, RuntimeError):
     """The output directory holds records that this command would overwrite."""
 
 

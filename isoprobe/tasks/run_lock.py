@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from isoprobe.errors import IsoprobeError
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "run.lock"
@@ -36,7 +38,7 @@ LOCK_NAME = "run.lock"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
 
 
-class RunDirectoryInUse(RuntimeError):
+class RunDirectoryInUse(IsoprobeError, RuntimeError):
     """Another live run holds the run directory."""
 
 

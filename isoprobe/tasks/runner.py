@@ -31,6 +31,7 @@ from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import low_rank_attention
 from isoprobe.models.compression_files import apply_saved_compression, export_compressed
 from isoprobe.models.regularizer import IsotropyRegularizer
+from isoprobe.settings import check_settings
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import compress_settings, run_compress
 from isoprobe.tasks.loggers import (
@@ -108,6 +109,7 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     _single_log_stream()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    check_settings(cfg)  # every numeric setting, before data, weights or outputs
     if cfg.task.name == "analyze":
         return run_analyze(cfg)
     if cfg.task.name == "compress":

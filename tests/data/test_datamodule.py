@@ -101,6 +101,16 @@ def test_all_series_too_short_says_how_to_fix_it():
         module([np.arange(4.0), np.arange(3.0)])
 
 
+def test_the_refusal_suggests_only_what_is_not_already_set():
+    short = dict(context_length=1, prediction_length=3)  # no val window, as above
+    with pytest.raises(ValueError, match="no val window") as imputing:
+        module([np.arange(9.0)], nan_policy="impute", **short)
+    assert "nan_policy 'impute'" in str(imputing.value)
+    assert "data.nan_policy=impute" not in str(imputing.value)
+    with pytest.raises(ValueError, match=r"or use data.nan_policy=impute"):
+        module([np.arange(9.0)], nan_policy="drop", **short)
+
+
 def test_a_segment_without_windows_is_an_error():
     # length 9: the val segment [4, 6) cannot hold a horizon of 3 (test [6, 9) can)
     with pytest.raises(ValueError, match="no val window"):

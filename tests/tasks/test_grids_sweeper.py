@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
 
 from tests.conftest import ROOT
 
@@ -86,3 +92,30 @@ def test_without_grids_the_sweeper_is_the_basic_sweep_of_its_params(tmp_path):
         ("a", "none", 0),
         ("b", "none", 0),
     ]
+
+
+@pytest.mark.parametrize(
+    ("grid", "named"),
+    [
+        (["foo"], "hydra.sweeper.grids[1] = ['foo'] is not a grid"),
+        ({"seed": [1, 2]}, "hydra.sweeper.grids[1].seed = [1, 2]: a grid's values are one "),
+        ({"seed": {"a": 1}}, "hydra.sweeper.grids[1].seed = {'a': 1}"),
+    ],
+)
+def test_a_grid_that_is_not_keys_to_values_is_refused_naming_it(grid, named):
+    grids = sweeper_module()
+    with pytest.raises(grids.GridError, match=re.escape(named)):
+        grids.GridsSweeper(grids=[{"model": "chronos"}, grid])
+
+
+def test_a_grid_whose_values_do_not_parse_is_refused_naming_it():
+    grids = sweeper_module()
+    with pytest.raises(grids.GridError, match=re.escape("hydra.sweeper.grids[0] = {'seed': '1,'}")):
+        grids.grid_jobs(OverridesParser.create(), [{"seed": "1,"}], [])
+
+
+def sweeper_module():
+    """The grids module as Hydra's plugin scan leaves it: the scan executes plugin modules
+    again, so a test takes the classes it compares with from the module after the scan."""
+    Plugins.instance()
+    return importlib.import_module("hydra_plugins.isoprobe_sweepers.grids")
