@@ -89,9 +89,10 @@ def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
         last = blocks[rank == last_rank].pivot_table(
             index="run", columns=["probe", "metric"], values="value", aggfunc="first"
         )
-        mean = blocks.pivot_table(
-            index="run", columns=["probe", "metric"], values="value", aggfunc="mean"
-        )
+        # the mean over a run's blocks is NaN where one of them is (not the others' mean)
+        values = blocks.groupby(["run", "probe", "metric"])["value"]
+        mean = values.mean().where(values.count() == values.size())
+        mean = mean.unstack(["probe", "metric"]).dropna(axis=1, how="all")
         extra = [_with_layer(last, "last"), _with_layer(mean, "mean")]
         wide = pd.concat([wide, *extra], axis=1)
     return wide.sort_index(axis=1)

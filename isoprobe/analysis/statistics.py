@@ -178,12 +178,25 @@ def _permutation_p(
     """Two-sided permutation p-value of a defined ρ: ``y``'s ranks re-paired at random with
     ``x``'s. Tied ranks stay tied under every pairing, so the reference distribution is that
     of the observed ties; the 1e-12 tolerance counts a permuted ρ equal to the observed one
-    (the same ties give the same value up to rounding) as extreme."""
-    rx, ry = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
-    order = np.argsort(rng.random((n_perm, x.shape[0])), axis=1)
-    permuted = _pearson_columns(np.broadcast_to(rx, (n_perm, *rx.shape)), ry[order])
-    extreme = np.abs(permuted) >= np.abs(rho) - 1e-12
-    return (1 + extreme.sum(axis=0)) / (1 + n_perm)
+    (the same ties give the same value up to rounding) as extreme. A re-pairing leaves each
+    column's centred ranks and their norms as they were, so ρ under it is one product of the
+    re-paired ``y`` ranks with the ``x`` ranks (a matrix product when ``y`` is shared), and the
+    pairings are drawn and counted a chunk at a time: memory stays bounded whatever
+    ``n_perm``."""
+    centre = (x.shape[0] + 1) / 2
+    rx, ry = stats.rankdata(x, axis=0) - centre, stats.rankdata(y, axis=0) - centre
+    scale = np.sqrt((rx * rx).sum(axis=0) * (ry * ry).sum(axis=0))
+    threshold = np.abs(rho) - 1e-12
+    chunk = max(1, int(2e7 // x.size))  # pairings at a time
+    extreme = np.zeros(x.shape[1])
+    for start in range(0, n_perm, chunk):
+        order = np.argsort(rng.random((min(chunk, n_perm - start), x.shape[0])), axis=1)
+        if ry.shape[1] == 1:
+            products = ry[order, 0] @ rx
+        else:
+            products = np.einsum("pnt,nt->pt", ry[order], rx)
+        extreme += (np.abs(products / scale) >= threshold).sum(axis=0)
+    return (1 + extreme) / (1 + n_perm)
 
 
 def q_values(p: np.ndarray) -> np.ndarray:

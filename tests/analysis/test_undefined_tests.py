@@ -212,3 +212,25 @@ def test_the_report_lists_only_defined_tests_and_counts_the_others(grid, tmp_pat
     table = pd.read_csv(out / "correlations.csv")
     for reason, count in table["undefined"].value_counts().items():
         assert f"{reason}: {count}" in page
+
+
+def test_a_nan_block_leaves_its_run_out_of_the_mean_over_blocks(grid):
+    study = load_study([str(grid)])
+    hole = (study.table["run"] == study.runs["run"].iloc[0]) & (study.table["layer"] == "encoder.1")
+    study.table.loc[hole & (study.table["metric"] == "isoscore"), "value"] = np.nan
+    found = correlations(study, n_boot=0, n_perm=0)
+    n = found[(found["metric"] == "isoscore") & (found["group"] == "all")].set_index("layer")["n"]
+    assert (n["encoder.0"], n["encoder.1"], n["mean"]) == (30, 29, 29)
+
+
+def test_the_permutation_p_value_counts_scipys_rho_over_the_same_pairings():
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(12, 40)), rng.normal(size=(12, 1))
+    found = associate(x, y, n_boot=0, n_perm=400, seed=9)
+    rho = spearman_columns(x, y)
+    again = np.random.default_rng(9)
+    order = np.argsort(again.random((400, 12)), axis=1)
+    ry = stats.rankdata(y, axis=0)[order, 0]  # pairings × runs
+    permuted = np.array([[stats.spearmanr(x[:, j], p).statistic for j in range(40)] for p in ry])
+    expected = (1 + (np.abs(permuted) >= np.abs(rho) - 1e-12).sum(axis=0)) / 401
+    np.testing.assert_allclose(found.p_value, expected)
