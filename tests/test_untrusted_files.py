@@ -142,6 +142,78 @@ def test_moirai_bundled_config_builds_the_official_mixture(tmp_path):
     assert mixture.components[1].scale == 0.001
 
 
+# -- Chronos-T5: config.json's chronos_config ------------------------------------------------
+
+
+def chronos_export(tmp_path, **changes) -> pathlib.Path:
+    """The bundled Chronos-T5 directory with ``changes`` to its config.json's chronos_config
+    (a value of None removes the key)."""
+    directory = bundled_copy(tmp_path, "chronos-t5-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            del config["chronos_config"][key]
+        else:
+            config["chronos_config"][key] = value
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_chronos_config_with_an_unexpected_key_names_it_and_the_expected_ones(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    directory = chronos_export(tmp_path, extra_hook=code, top_p=None)
+    with pytest.raises(CheckpointError) as refused:
+        build(tmp_path, "chronos", str(directory))
+    message = str(refused.value)
+    assert f"{directory}/config.json" in message
+    assert "unexpected keys ['extra_hook'] and lacks ['top_p']" in message
+    assert "'tokenizer_class', 'tokenizer_kwargs', 'context_length'" in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "__import__('pathlib').Path('{marker}').touch()",
+        "ChronosBoltPipeline",  # a real callable of the chronos module, not a tokenizer
+        ["MeanScaleUniformBins"],
+    ],
+)
+def test_chronos_tokenizer_class_outside_the_allow_list_is_refused(tmp_path, name):
+    marker = tmp_path / "ran"
+    name = name.format(marker=marker) if isinstance(name, str) else name
+    directory = chronos_export(tmp_path, tokenizer_class=name)
+    expected = rf"tokenizer_class in {re.escape(str(directory))}/config\.json is "
+    expected += rf"{re.escape(repr(name))}; isoprobe supports \['MeanScaleUniformBins'\]"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "chronos", str(directory))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"tokenizer_kwargs": {"low_limit": -15.0, "scale": 2}}, "takes exactly"),
+        ({"tokenizer_kwargs": {"low_limit": "-15", "high_limit": 15.0}}, "low_limit"),
+        ({"n_tokens": "4096"}, "n_tokens='4096'"),
+        ({"use_eos_token": "yes"}, "use_eos_token='yes'"),
+        ({"model_type": "causal"}, "model_type='causal'"),
+        ({"pad_token_id": 7}, "does not hold together"),
+    ],
+)
+def test_chronos_config_values_of_the_wrong_kind_are_named(tmp_path, changes, named):
+    directory = chronos_export(tmp_path, **changes)
+    with pytest.raises(CheckpointError, match=re.escape(named)):
+        build(tmp_path, "chronos", str(directory))
+
+
+def test_chronos_bundled_config_reads_its_tokenizer(tmp_path):
+    model = build(tmp_path, "chronos", "bundled")
+    assert type(model.tokenizer).__name__ == "MeanScaleUniformBins"
+    assert model.tokenizer.centers[0] == -15.0 and model.tokenizer.centers[-1] == 15.0
+
+
 # -- Lag-Llama: the official Lightning .ckpt and exported directories -------------------------
 
 
