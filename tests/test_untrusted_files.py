@@ -279,6 +279,54 @@ def test_config_asking_for_remote_code_is_refused_and_runs_nothing(tmp_path, mod
     assert not marker.exists()
 
 
+# -- the text LLM: a directory's own tokenizer ------------------------------------------------
+
+
+def gpt2_tokenizer_directory(tmp_path, symbols: str, merges: tuple[str, ...] = ()) -> pathlib.Path:
+    """The bundled GPT-2 weights with a byte-level BPE tokenizer of its own (vocab.json,
+    merges.txt) that knows only ``<|endoftext|>`` and the characters ``symbols``."""
+    directory = bundled_copy(tmp_path, "llm-gpt2-mini", ("config.json", "model.safetensors"))
+    vocabulary = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(symbols)}}
+    (directory / "vocab.json").write_text(json.dumps(vocabulary))
+    (directory / "merges.txt").write_text("\n".join(["#version: 0.2", *merges]) + "\n")
+    return directory
+
+
+@pytest.mark.parametrize(
+    "symbols, lacking", [("0123456789,-", "['NaN']"), ("0123456789", "[',', '-', 'NaN']")]
+)
+def test_llm_tokenizer_that_lacks_symbols_is_named_with_what_it_lacks(tmp_path, symbols, lacking):
+    directory = gpt2_tokenizer_directory(tmp_path, symbols)
+    expected = rf"the tokenizer of {re.escape(str(directory))} cannot write LLMTime series: "
+    expected += rf"it lacks {re.escape(lacking)}"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "llm", str(directory))
+
+
+def test_llm_tokenizer_files_that_do_not_hold_together_are_named(tmp_path):
+    """merges.txt merging a character vocab.json lacks: the tokenizers library's bare
+    ``Exception``."""
+    directory = gpt2_tokenizer_directory(tmp_path, "0123456789", merges=("\u0120 0",))
+    with pytest.raises(CheckpointError, match=rf"tokenizer files in {re.escape(str(directory))}"):
+        build(tmp_path, "llm", str(directory))
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ("[1, 2]", "is not a JSON object with a list of tokens"),
+        ('{"tokens": "0123"}', "'tokens' must be a list of distinct strings"),
+        ('{"tokens": ["0", "0"]}', "'tokens' must be a list of distinct strings"),
+        ('{"tokens": ["<pad>", "<eos>", "0"]}', "a character vocabulary needs the tokens"),
+    ],
+)
+def test_llm_character_vocabulary_file_that_is_not_one_is_named(tmp_path, content, named):
+    directory = bundled_copy(tmp_path, "llm-gpt2-mini", ("config.json", "model.safetensors"))
+    (directory / "llmtime_vocabulary.json").write_text(content)
+    with pytest.raises(CheckpointError, match=rf"llmtime_vocabulary\.json.*{re.escape(named)}"):
+        build(tmp_path, "llm", str(directory))
+
+
 # -- compressed exports, resume checkpoints, data files ---------------------------------------
 
 
