@@ -7,6 +7,7 @@ checks that the marker is never created and that the error names what was refuse
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import pickle
 import re
@@ -365,6 +366,49 @@ def test_resume_legacy_pickle_file_names_the_refused_global(tmp_path):
     with pytest.raises(CheckpointError, match=REFUSED):
         read_checkpoint(str(path))
     assert not marker.exists()
+
+
+class SystemOnLoad:
+    """Unpickling this runs a shell command that creates ``marker`` (``os.system``, pickled as
+    ``posix.system``, a module torch's weights-only loader blocks by name)."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+#: how each kind of file holds the payload: torch.save's zip archive, or a bare pickle of each
+#: protocol (torch's error names the global for 2; for 0, 4 and 5 it stops at an opcode first)
+SYSTEM_PAYLOADS = {
+    "zip": lambda path, marker: torch.save({"state_dict": {}, "x": SystemOnLoad(marker)}, path),
+    **{
+        f"pickle-protocol-{protocol}": lambda path, marker, protocol=protocol: path.write_bytes(
+            pickle.dumps({"state_dict": {}, "x": [SystemOnLoad(marker)]}, protocol=protocol)
+        )
+        for protocol in (0, 2, 4, 5)
+    },
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYSTEM_PAYLOADS))
+def test_resume_checkpoint_calling_os_system_names_it_and_runs_nothing(tmp_path, kind):
+    marker, path = tmp_path / "ran", tmp_path / "last.ckpt"
+    SYSTEM_PAYLOADS[kind](path, marker)
+    system = f"{os.system.__module__}.system"  # posix.system (nt.system on Windows)
+    with pytest.raises(
+        CheckpointError, match=rf"ckpt_path={re.escape(str(path))} pickles {system}:"
+    ):
+        read_checkpoint(str(path))
+    assert not marker.exists()
+
+
+def test_resume_file_that_is_no_pickle_says_what_stopped_the_reader(tmp_path):
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"\x80\x02}q\x00\xff\xfe")  # a pickle header, then an unknown opcode
+    with pytest.raises(CheckpointError, match=r"is not a PyTorch checkpoint that can be read .*\("):
+        read_checkpoint(str(path))
 
 
 def _pickled_extension_table(marker: pathlib.Path) -> pa.Table:

@@ -6,7 +6,6 @@ import json
 import logging
 import pickle
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.pickle_globals import refused_globals
 
 log = logging.getLogger(__name__)
 
@@ -150,14 +150,17 @@ def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        refused = refused_globals(err, path)
         if refused:
             raise CheckpointError(
-                f"ckpt_path={ckpt_path} holds Python objects other than tensors and plain "
-                f"containers ({refused.group(1)}), which are refused because reading them "
-                f"could run code. {hint}"
+                f"ckpt_path={ckpt_path} pickles {', '.join(refused)}: a checkpoint to resume "
+                "holds tensors and plain containers only, and other Python objects are refused "
+                f"because reading them could run code. {hint}"
             ) from err
-        raise CheckpointError(f"ckpt_path={ckpt_path} is not a PyTorch checkpoint. {hint}") from err
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} is not a PyTorch checkpoint that can be read safely "
+            f"({_unpickling_reason(err)}). {hint}"
+        ) from err
     except (RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(
             f"ckpt_path={ckpt_path} is not a readable PyTorch checkpoint ({err}). {hint}"
@@ -165,6 +168,14 @@ def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint. {hint}")
     return checkpoint
+
+
+def _unpickling_reason(err: pickle.UnpicklingError) -> str:
+    """The line of torch's weights-only error that says what stopped it (its other lines are
+    advice to load with ``weights_only=False``, which isoprobe never does)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("Unsupported", "Trying", "Can only"))]
+    return (reasons or lines or ["unreadable pickle"])[0]
 
 
 def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> dict[str, Any]:
