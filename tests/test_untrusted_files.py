@@ -209,6 +209,18 @@ def test_chronos_config_values_of_the_wrong_kind_are_named(tmp_path, changes, na
         build(tmp_path, "chronos", str(directory))
 
 
+def test_chronos2_config_with_an_unexpected_key_names_it_and_the_expected_ones(tmp_path):
+    directory = bundled_copy(tmp_path, "chronos-2-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    config["chronos_config"]["extra_hook"] = "os.system"
+    del config["chronos_config"]["quantiles"]
+    (directory / "config.json").write_text(json.dumps(config))
+    expected = rf"{re.escape(str(directory))}/config\.json has unexpected keys \['extra_hook'\] "
+    expected += r"and lacks \['quantiles'\]; a Chronos-2 chronos_config has the keys \['context"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "chronos2", str(directory))
+
+
 def test_chronos_bundled_config_reads_its_tokenizer(tmp_path):
     model = build(tmp_path, "chronos", "bundled")
     assert type(model.tokenizer).__name__ == "MeanScaleUniformBins"
