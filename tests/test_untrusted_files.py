@@ -7,6 +7,7 @@ checks that the marker is never created and that the error names what was refuse
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import pickle
 import re
@@ -142,6 +143,90 @@ def test_moirai_bundled_config_builds_the_official_mixture(tmp_path):
     assert mixture.components[1].scale == 0.001
 
 
+# -- Chronos-T5: config.json's chronos_config ------------------------------------------------
+
+
+def chronos_export(tmp_path, **changes) -> pathlib.Path:
+    """The bundled Chronos-T5 directory with ``changes`` to its config.json's chronos_config
+    (a value of None removes the key)."""
+    directory = bundled_copy(tmp_path, "chronos-t5-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            del config["chronos_config"][key]
+        else:
+            config["chronos_config"][key] = value
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_chronos_config_with_an_unexpected_key_names_it_and_the_expected_ones(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    directory = chronos_export(tmp_path, extra_hook=code, top_p=None)
+    with pytest.raises(CheckpointError) as refused:
+        build(tmp_path, "chronos", str(directory))
+    message = str(refused.value)
+    assert f"{directory}/config.json" in message
+    assert "unexpected keys ['extra_hook'] and lacks ['top_p']" in message
+    assert "'tokenizer_class', 'tokenizer_kwargs', 'context_length'" in message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "__import__('pathlib').Path('{marker}').touch()",
+        "ChronosBoltPipeline",  # a real callable of the chronos module, not a tokenizer
+        ["MeanScaleUniformBins"],
+    ],
+)
+def test_chronos_tokenizer_class_outside_the_allow_list_is_refused(tmp_path, name):
+    marker = tmp_path / "ran"
+    name = name.format(marker=marker) if isinstance(name, str) else name
+    directory = chronos_export(tmp_path, tokenizer_class=name)
+    expected = rf"tokenizer_class in {re.escape(str(directory))}/config\.json is "
+    expected += rf"{re.escape(repr(name))}; isoprobe supports \['MeanScaleUniformBins'\]"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "chronos", str(directory))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"tokenizer_kwargs": {"low_limit": -15.0, "scale": 2}}, "takes exactly"),
+        ({"tokenizer_kwargs": {"low_limit": "-15", "high_limit": 15.0}}, "low_limit"),
+        ({"n_tokens": "4096"}, "n_tokens='4096'"),
+        ({"use_eos_token": "yes"}, "use_eos_token='yes'"),
+        ({"model_type": "causal"}, "model_type='causal'"),
+        ({"pad_token_id": 7}, "does not hold together"),
+    ],
+)
+def test_chronos_config_values_of_the_wrong_kind_are_named(tmp_path, changes, named):
+    directory = chronos_export(tmp_path, **changes)
+    with pytest.raises(CheckpointError, match=re.escape(named)):
+        build(tmp_path, "chronos", str(directory))
+
+
+def test_chronos2_config_with_an_unexpected_key_names_it_and_the_expected_ones(tmp_path):
+    directory = bundled_copy(tmp_path, "chronos-2-mini", ("config.json", "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    config["chronos_config"]["extra_hook"] = "os.system"
+    del config["chronos_config"]["quantiles"]
+    (directory / "config.json").write_text(json.dumps(config))
+    expected = rf"{re.escape(str(directory))}/config\.json has unexpected keys \['extra_hook'\] "
+    expected += r"and lacks \['quantiles'\]; a Chronos-2 chronos_config has the keys \['context"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "chronos2", str(directory))
+
+
+def test_chronos_bundled_config_reads_its_tokenizer(tmp_path):
+    model = build(tmp_path, "chronos", "bundled")
+    assert type(model.tokenizer).__name__ == "MeanScaleUniformBins"
+    assert model.tokenizer.centers[0] == -15.0 and model.tokenizer.centers[-1] == 15.0
+
+
 # -- Lag-Llama: the official Lightning .ckpt and exported directories -------------------------
 
 
@@ -207,6 +292,54 @@ def test_config_asking_for_remote_code_is_refused_and_runs_nothing(tmp_path, mod
     assert not marker.exists()
 
 
+# -- the text LLM: a directory's own tokenizer ------------------------------------------------
+
+
+def gpt2_tokenizer_directory(tmp_path, symbols: str, merges: tuple[str, ...] = ()) -> pathlib.Path:
+    """The bundled GPT-2 weights with a byte-level BPE tokenizer of its own (vocab.json,
+    merges.txt) that knows only ``<|endoftext|>`` and the characters ``symbols``."""
+    directory = bundled_copy(tmp_path, "llm-gpt2-mini", ("config.json", "model.safetensors"))
+    vocabulary = {"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(symbols)}}
+    (directory / "vocab.json").write_text(json.dumps(vocabulary))
+    (directory / "merges.txt").write_text("\n".join(["#version: 0.2", *merges]) + "\n")
+    return directory
+
+
+@pytest.mark.parametrize(
+    "symbols, lacking", [("0123456789,-", "['NaN']"), ("0123456789", "[',', '-', 'NaN']")]
+)
+def test_llm_tokenizer_that_lacks_symbols_is_named_with_what_it_lacks(tmp_path, symbols, lacking):
+    directory = gpt2_tokenizer_directory(tmp_path, symbols)
+    expected = rf"the tokenizer of {re.escape(str(directory))} cannot write LLMTime series: "
+    expected += rf"it lacks {re.escape(lacking)}"
+    with pytest.raises(CheckpointError, match=expected):
+        build(tmp_path, "llm", str(directory))
+
+
+def test_llm_tokenizer_files_that_do_not_hold_together_are_named(tmp_path):
+    """merges.txt merging a character vocab.json lacks: the tokenizers library's bare
+    ``Exception``."""
+    directory = gpt2_tokenizer_directory(tmp_path, "0123456789", merges=("\u0120 0",))
+    with pytest.raises(CheckpointError, match=rf"tokenizer files in {re.escape(str(directory))}"):
+        build(tmp_path, "llm", str(directory))
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ("[1, 2]", "is not a JSON object with a list of tokens"),
+        ('{"tokens": "0123"}', "'tokens' must be a list of distinct strings"),
+        ('{"tokens": ["0", "0"]}', "'tokens' must be a list of distinct strings"),
+        ('{"tokens": ["<pad>", "<eos>", "0"]}', "a character vocabulary needs the tokens"),
+    ],
+)
+def test_llm_character_vocabulary_file_that_is_not_one_is_named(tmp_path, content, named):
+    directory = bundled_copy(tmp_path, "llm-gpt2-mini", ("config.json", "model.safetensors"))
+    (directory / "llmtime_vocabulary.json").write_text(content)
+    with pytest.raises(CheckpointError, match=rf"llmtime_vocabulary\.json.*{re.escape(named)}"):
+        build(tmp_path, "llm", str(directory))
+
+
 # -- compressed exports, resume checkpoints, data files ---------------------------------------
 
 
@@ -245,6 +378,49 @@ def test_resume_legacy_pickle_file_names_the_refused_global(tmp_path):
     with pytest.raises(CheckpointError, match=REFUSED):
         read_checkpoint(str(path))
     assert not marker.exists()
+
+
+class SystemOnLoad:
+    """Unpickling this runs a shell command that creates ``marker`` (``os.system``, pickled as
+    ``posix.system``, a module torch's weights-only loader blocks by name)."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+#: how each kind of file holds the payload: torch.save's zip archive, or a bare pickle of each
+#: protocol (torch's error names the global for 2; for 0, 4 and 5 it stops at an opcode first)
+SYSTEM_PAYLOADS = {
+    "zip": lambda path, marker: torch.save({"state_dict": {}, "x": SystemOnLoad(marker)}, path),
+    **{
+        f"pickle-protocol-{protocol}": lambda path, marker, protocol=protocol: path.write_bytes(
+            pickle.dumps({"state_dict": {}, "x": [SystemOnLoad(marker)]}, protocol=protocol)
+        )
+        for protocol in (0, 2, 4, 5)
+    },
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SYSTEM_PAYLOADS))
+def test_resume_checkpoint_calling_os_system_names_it_and_runs_nothing(tmp_path, kind):
+    marker, path = tmp_path / "ran", tmp_path / "last.ckpt"
+    SYSTEM_PAYLOADS[kind](path, marker)
+    system = f"{os.system.__module__}.system"  # posix.system (nt.system on Windows)
+    with pytest.raises(
+        CheckpointError, match=rf"ckpt_path={re.escape(str(path))} pickles {system}:"
+    ):
+        read_checkpoint(str(path))
+    assert not marker.exists()
+
+
+def test_resume_file_that_is_no_pickle_says_what_stopped_the_reader(tmp_path):
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"\x80\x02}q\x00\xff\xfe")  # a pickle header, then an unknown opcode
+    with pytest.raises(CheckpointError, match=r"is not a PyTorch checkpoint that can be read .*\("):
+        read_checkpoint(str(path))
 
 
 def _pickled_extension_table(marker: pathlib.Path) -> pa.Table:

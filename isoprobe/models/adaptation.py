@@ -26,6 +26,7 @@ adapters merged into the weights. Checkpoints hold the adapters as ordinary tens
 from __future__ import annotations
 
 import copy
+import hashlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -184,8 +185,22 @@ def lora_config(model: ForecastModule, lora: dict) -> LoraConfig:
     )
 
 
+def lora_seed(run_seed: int) -> int:
+    """The seed of the adapters' initialisation: derived from the run's, and a stream apart from
+    it (a hash, so that no run seed's own stream is another's adapter stream)."""
+    digest = hashlib.blake2b(f"isoprobe lora {run_seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def _inject_lora(model: ForecastModule, lora: dict) -> None:
-    inject_adapter_in_model(lora_config(model, lora), model)
+    """peft's adapters on the target layers. peft draws each ``A`` at random (Kaiming-uniform):
+    here from a generator forked off the global one and seeded by :func:`lora_seed` of the seed
+    the run gave torch (``torch.initial_seed()``: ``seed_everything(cfg.seed)``), so the adapters
+    depend on the run seed alone, and the global stream, which the zero-shot forecast samples
+    next, is left where the other strategies leave it: a strategy does not change its baseline."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(lora_seed(torch.initial_seed()))
+        inject_adapter_in_model(lora_config(model, lora), model)
     model.__dict__.pop("peft_config", None)  # peft's record of the config; the run's config has it
     for module in model.modules():
         if type(module) is LoraLinear:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import pickle
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from isoprobe.errors import IsoprobeError
+from isoprobe.models.pickle_globals import refused_globals
 from isoprobe.network import host_reachable
 
 log = logging.getLogger(__name__)
@@ -136,18 +136,13 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
     )
 
 
-def refused_global(err: BaseException) -> str | None:
-    """The global that ``torch.load(weights_only=True)`` refused, as its error names it."""
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
-    return found.group(1) if found else None
-
-
 def pickled_weights_error(source: str, err: pickle.UnpicklingError) -> CheckpointError:
     """The refusal of pickled weights (``pytorch_model.bin``) that hold more than tensors, which
-    transformers reads with ``weights_only=True``."""
+    transformers reads with ``weights_only=True``, naming the globals refused."""
+    refused = refused_globals(err, Path(source) / "pytorch_model.bin")
     return CheckpointError(
         f"the pickled weights in {source} hold Python objects other than tensors "
-        f"({refused_global(err) or 'not a PyTorch file'}), which are refused because reading "
+        f"({', '.join(refused) or 'not a PyTorch file'}), which are refused because reading "
         "them could run code. Save the weights as model.safetensors."
     )
 

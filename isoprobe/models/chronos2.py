@@ -21,6 +21,7 @@ a target: the quantile loss. Forecasts are one direct pass for the whole horizon
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import math
@@ -51,6 +52,7 @@ from isoprobe.models.quantiles import register_level_weights
 
 try:
     from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
+    from chronos.chronos2.config import Chronos2ForecastingConfig
 
     from isoprobe.models.chronos2_group_attention import skip_own_group_attention
 except ImportError as err:  # chronos-forecasting missing, or older than Chronos-2
@@ -349,4 +351,25 @@ def _check_config(config: Any, source: str) -> None:
             f"{source} is not a Chronos-2 checkpoint ({found}); model=chronos2 loads "
             f"{ARCHITECTURE} checkpoints such as amazon/chronos-2 (Chronos-T5: model=chronos, "
             "Chronos-Bolt: model=chronos_bolt)."
+        )
+    fields, declared = config.chronos_config, dataclasses.fields(Chronos2ForecastingConfig)
+    known = [f.name for f in declared]
+    if not isinstance(fields, Mapping):
+        raise CheckpointError(
+            f"chronos_config in {source}/config.json is a {type(fields).__name__}, not an object "
+            f"with the keys {known}. Export the checkpoint again."
+        )
+    unexpected = sorted(set(fields) - set(known))
+    missing = [
+        f.name
+        for f in declared
+        if f.name not in fields
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if unexpected or missing:
+        raise CheckpointError(
+            f"chronos_config in {source}/config.json has unexpected keys {unexpected} and lacks "
+            f"{missing}; a Chronos-2 chronos_config has the keys {known}. The file was edited or "
+            "belongs to another model: export the checkpoint again."
         )

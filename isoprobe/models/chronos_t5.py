@@ -35,6 +35,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.chronos_t5_config import chronos_config
 from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
 from isoprobe.models.t5_sampling import sample_tokens
 
@@ -335,8 +336,11 @@ def _load(
 ) -> tuple[T5ForConditionalGeneration, ChronosConfig]:
     if resolved.kind == "scratch":
         t5_fields = dict(scratch_shape(scratch))
-        chronos_fields = dict(t5_fields.pop("chronos_config"))
-        return T5ForConditionalGeneration(T5Config(**t5_fields)), ChronosConfig(**chronos_fields)
+        chronos_fields = t5_fields.pop("chronos_config", None)
+        where = "model.sizes (model.checkpoint=scratch)"
+        return T5ForConditionalGeneration(T5Config(**t5_fields)), chronos_config(
+            chronos_fields, where
+        )
     source = resolved.location
     config = pretrained_config(
         source, "model=chronos loads Chronos-T5 checkpoints such as amazon/chronos-t5-small."
@@ -356,6 +360,7 @@ def _load(
             f"chronos_config {'present' if chronos_fields else 'missing'}). model=chronos loads "
             "seq2seq Chronos checkpoints such as amazon/chronos-t5-small."
         )
+    chronos = chronos_config(chronos_fields, f"{source}/config.json")
     t5, info = load_pretrained(T5ForConditionalGeneration, source)
     check_weights_fit(info, source)
-    return t5, ChronosConfig(**chronos_fields)
+    return t5, chronos

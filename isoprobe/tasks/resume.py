@@ -6,7 +6,6 @@ import json
 import logging
 import pickle
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.pickle_globals import refused_globals
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,10 @@ class RunIdentity(Callback):
     define the windows, and the random states, which are restored when training resumes so that
     the resumed run draws the same batches and dropout masks as an uninterrupted one. It also
     stores where every part of each W&B run so far keeps its local log (``wandb_dirs``: config
-    name -> save dirs), so that a resumed part continues after what they logged."""
+    name -> save dirs), so that a resumed part continues after what they logged; the adaptation
+    strategy (``adapt``: ``model.adapt``), which a resumed run may not change; and the zero-shot
+    forecast metrics of the run's start (``before``: the first part's ``trainer.test``), which a
+    resumed part reports as its own start, having no untrained model to forecast with."""
 
     def __init__(
         self,
@@ -82,11 +85,15 @@ class RunIdentity(Callback):
         resolved_checkpoint: str,
         data: dict[str, Any],
         wandb_dirs: dict[str, list[str]] | None = None,
+        adapt: str = "full",
+        before: dict[str, float] | None = None,
     ) -> None:
         self.wandb_ids = dict(wandb_ids)
         self.wandb_dirs = dict(wandb_dirs or {})
         self.resolved_checkpoint = resolved_checkpoint
         self.data = data
+        self.adapt = adapt
+        self.before = before
         self._rng_to_restore: dict[str, Any] | None = None
 
     @override
@@ -98,6 +105,8 @@ class RunIdentity(Callback):
             "wandb_dirs": self.wandb_dirs,
             "resolved_checkpoint": self.resolved_checkpoint,
             "data": self.data,
+            "adapt": self.adapt,
+            "before": self.before,
             "rng": rng_states(),
         }
 
@@ -150,32 +159,65 @@ def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        refused = refused_globals(err, path)
         if refused:
             raise CheckpointError(
-                f"ckpt_path={ckpt_path} holds Python objects other than tensors and plain "
-                f"containers ({refused.group(1)}), which are refused because reading them "
-                f"could run code. {hint}"
+                f"ckpt_path={ckpt_path} pickles {', '.join(refused)}: a checkpoint to resume "
+                "holds tensors and plain containers only, and other Python objects are refused "
+                f"because reading them could run code. {hint}"
             ) from err
-        raise CheckpointError(f"ckpt_path={ckpt_path} is not a PyTorch checkpoint. {hint}") from err
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} is not a PyTorch checkpoint that can be read safely "
+            f"({_unpickling_reason(err)}). {hint}"
+        ) from err
     except (RuntimeError, EOFError, OSError) as err:
         raise CheckpointError(
             f"ckpt_path={ckpt_path} is not a readable PyTorch checkpoint ({err}). {hint}"
         ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise CheckpointError(f"ckpt_path={ckpt_path} is not a Lightning checkpoint. {hint}")
+    if not _is_run_record(checkpoint.get(CHECKPOINT_KEY, {})):
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} holds a damaged {CHECKPOINT_KEY} record (a mapping whose "
+            f"'before' maps metric names to numbers). {hint}"
+        )
     return checkpoint
 
 
-def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> dict[str, Any]:
+def _is_run_record(record: Any) -> bool:
+    """Whether ``record`` has the shape :class:`RunIdentity` saves, as far as a resumed run
+    reports it (``before``: metric name -> number, or none)."""
+    if not isinstance(record, dict):
+        return False
+    before = record.get("before")
+    return before is None or (
+        isinstance(before, dict)
+        and all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in before.items())
+    )
+
+
+def _unpickling_reason(err: pickle.UnpicklingError) -> str:
+    """The line of torch's weights-only error that says what stopped it (its other lines are
+    advice to load with ``weights_only=False``, which isoprobe never does)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("Unsupported", "Trying", "Can only"))]
+    return (reasons or lines or ["unreadable pickle"])[0]
+
+
+def check_resume_checkpoint(
+    ckpt_path: str | None, model: LightningModule, adapt: str | None = None
+) -> dict[str, Any]:
     """Validate a checkpoint to resume against ``model`` and return the run identity it carries.
 
     Fails before any training with an error naming the mismatching parameters, instead of
-    Lightning's size-mismatch trace from deep inside ``fit``.
+    Lightning's size-mismatch trace from deep inside ``fit``; with ``adapt`` (``model.adapt`` of
+    a run that trains on), also when the checkpoint was trained with another strategy.
     """
     if ckpt_path is None:
         return {}
     checkpoint = read_checkpoint(ckpt_path)
+    if adapt is not None:
+        check_same_strategy(ckpt_path, checkpoint, adapt)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items()}
     missing = sorted(expected.keys() - found.keys())
@@ -193,3 +235,20 @@ def check_resume_checkpoint(ckpt_path: str | None, model: LightningModule) -> di
             "(model.checkpoint, model.adapt) as the run that wrote it."
         )
     return checkpoint.get(CHECKPOINT_KEY, {})
+
+
+def check_same_strategy(ckpt_path: str, checkpoint: dict[str, Any], adapt: str) -> None:
+    """Refuse to train on from a checkpoint with another ``model.adapt`` than the one it was
+    trained with: the trajectory would switch strategy mid-run. The strategy is the one the
+    checkpoint records; one written before it was recorded is known to be LoRA by its adapters
+    (else it is not checked here)."""
+    saved = checkpoint.get(CHECKPOINT_KEY, {}).get("adapt")
+    if saved is None and any(".lora_" in key for key in checkpoint["state_dict"]):
+        saved = "lora"
+    if saved is not None and saved != adapt:
+        raise CheckpointError(
+            f"ckpt_path={ckpt_path} was trained with model.adapt={saved}, but this run asks for "
+            f"model.adapt={adapt}: resuming would switch strategy mid-run. Resume with "
+            f"model.adapt={saved}, or start a new run (without ckpt_path) to train with "
+            f"model.adapt={adapt}."
+        )

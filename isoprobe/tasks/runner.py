@@ -141,7 +141,9 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     )
     if model.regularizer is not None:
         model.regularizer.layer_names(model)  # a layer the model lacks fails before training
-    identity = check_resume_checkpoint(cfg.get("ckpt_path"), model)
+    adapt = cfg.model.get("adapt", "full")
+    training = cfg.task.name in TRAINING_TASKS
+    identity = check_resume_checkpoint(cfg.get("ckpt_path"), model, adapt if training else None)
     data = data_identity(datamodule)
     if cfg.task.name != "probe":  # probing saved weights on other data is a use, not a slip
         check_same_data(identity, data, bool(cfg.get("resume_allow_data_change", False)))
@@ -151,7 +153,9 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
         instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
     ]
     wandb_dirs = wandb_save_dirs(loggers, identity.get("wandb_dirs", {}))
-    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs))
+    # the run's zero-shot forecast, unless resume_allow_data_change moved it to other data
+    before = identity.get("before") if identity.get("data") == data else None
+    callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs, adapt, before))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
     )
@@ -214,8 +218,13 @@ def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule)
             results["before"] = trainer.test(
                 model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
             )[0]
-    elif cfg.task.evaluate_before and ckpt_path is None:
-        results["before"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+    elif cfg.task.evaluate_before:
+        # a resumed run has no untrained model: its start's forecast is the first part's
+        (run_identity,) = [c for c in trainer.callbacks if isinstance(c, RunIdentity)]
+        if ckpt_path is None:
+            run_identity.before = trainer.test(model, datamodule=datamodule, verbose=False)[0]
+        if run_identity.before is not None:
+            results["before"] = run_identity.before
     if training:
         with frozen_modules_expected(model):
             trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)

@@ -28,6 +28,7 @@ from isoprobe.models.adaptation import (
 )
 from isoprobe.models.base import LINEAR_TYPES, ForecastModule
 from isoprobe.tasks import build_model, run_task
+from tests.conftest import compose_config
 from tests.models.test_contract import MODELS, build, make_batch, seeded_forecast
 
 
@@ -304,3 +305,48 @@ def test_patchtst_frozen_batchnorm_keeps_its_statistics_through_a_run(tiny_confi
     values = probed.pivot_table(index=["layer", "metric"], columns="epoch", values="value")
     if adapt == "head_only":
         assert values[0].equals(values[1])
+
+
+#: the models whose forecasts are sampled from the global random generator
+SAMPLING_MODELS = ("chronos", "lag_llama", "llm", "moirai")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_no_strategy_draws_from_the_run_s_random_stream(tmp_path, name):
+    """Building with any ``model.adapt`` leaves the global generator where building the model
+    alone does: LoRA initialises its adapters from a generator of its own."""
+    states = {}
+    for adapt in ("full", "lora", "frozen_backbone", "head_only"):
+        adapted(tmp_path, name, adapt)  # seeds 0, then builds
+        states[adapt] = torch.get_rng_state()
+    assert all(torch.equal(state, states["full"]) for state in states.values())
+
+
+@pytest.mark.parametrize("name", SAMPLING_MODELS)
+def test_lora_leaves_the_zero_shot_sampled_forecast_as_it_is(tmp_path, name):
+    """The zero-shot ("before") forecast of a run is drawn right after the model is built: with
+    LoRA's adapters at B = 0 (the identity) it equals full fine-tuning's, sample for sample."""
+    batch = make_batch()
+    full = adapted(tmp_path, name, "full").forecast(batch)
+    lora = adapted(tmp_path, name, "lora").forecast(batch)
+    assert full.samples is not None and lora.samples is not None
+    torch.testing.assert_close(lora.samples, full.samples, rtol=0, atol=0)
+    torch.testing.assert_close(lora.quantiles, full.quantiles, rtol=0, atol=0)
+
+
+def test_lora_initialisation_is_seeded_by_the_run_alone(tmp_path):
+    """The adapters' random A depends on the seed the run gave torch, not on what the process
+    drew after it: the same seed gives the same adapters, another seed others."""
+    overrides = ["model=chronos", "model.checkpoint=scratch", "model.adapt=lora"]
+    cfg = compose_config(tmp_path, overrides)
+    windows = SimpleNamespace(context_length=32, prediction_length=8, season_length=1, freq="h")
+
+    def adapters(seed: int, drawn: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        torch.rand(drawn)  # what the process drew between seeding and adapting
+        model = build_model(cfg.model, windows)
+        return {k: v for k, v in model.state_dict().items() if ".lora_A." in k}
+
+    first, again, other = adapters(0, 0), adapters(0, 7), adapters(1, 0)
+    assert first and all(torch.equal(first[k], again[k]) for k in first)
+    assert not any(torch.equal(first[k], other[k]) for k in first)

@@ -124,6 +124,15 @@ def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
     )
     state = torch.load(second_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["epoch"] == 1 and state["global_step"] > 0
+    # the resumed run reports the zero-shot forecast of the run's start, and keeps it for the next
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (first_dir, second_dir)]
+    before = summaries[0]["before"]
+    assert "test/nmse" in before and summaries[1]["before"] == before
+    assert state["isoprobe_run"]["before"] == before
+    assert state["isoprobe_run"]["adapt"] == "full"
+    other = [*base, "trainer.max_epochs=2", f"ckpt_path={last}", "model.adapt=head_only"]
+    with pytest.raises(CheckpointError, match="with model.adapt=full, but this run asks for"):
+        run_task(compose_config(tmp_path / "third", other))
 
 
 @pytest.mark.parametrize(
@@ -341,16 +350,19 @@ def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path, ad
 
 def test_resuming_on_other_data_is_refused_unless_allowed(tmp_path):
     base = [*TINY, "model.checkpoint=scratch", "logger=none", "task.evaluate_before=false"]
-    run_task(compose_config(tmp_path / "first", base))
+    evaluated = [o for o in base if o != "task.evaluate_before=false"]  # the first part's too
+    assert "before" in run_task(compose_config(tmp_path / "first", evaluated))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     changed = [*base, "trainer.max_epochs=2", f"ckpt_path={last}", "data.dataset=epf_prices"]
     with pytest.raises(CheckpointError, match="data.dataset: 'vic_elec' -> 'epf_prices'"):
         run_task(compose_config(tmp_path / "second", changed))
     with pytest.raises(CheckpointError, match="data.context_length: 144 -> 96"):
         run_task(compose_config(tmp_path / "third", [*changed[:-1], "data.context_length=96"]))
-    allowed = [*changed, "resume_allow_data_change=true", "task.evaluate_after=false"]
-    run_task(compose_config(tmp_path / "fourth", allowed))
+    allowed = [o for o in changed if o != "task.evaluate_before=false"]
+    allowed += ["resume_allow_data_change=true", "task.evaluate_after=false"]
+    resumed = run_task(compose_config(tmp_path / "fourth", allowed))
     assert sorted(probe_csv(tmp_path / "fourth").epoch.unique()) == [0, 1, 2]
+    assert "before" not in resumed  # the first part's zero-shot forecast was of other data
 
 
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_runs(tiny_config, tmp_path):

@@ -84,7 +84,7 @@ def _vocabulary(source: str) -> tuple[Any, TokenMap]:
     tokenizer (GPT-2's BPE, T5's SentencePiece) through AutoTokenizer."""
     path = Path(source) / CharVocabulary.FILE
     if path.is_file():
-        vocabulary = CharVocabulary(json.loads(path.read_text())["tokens"])
+        vocabulary = _char_vocabulary(path)
         return vocabulary, TokenMap.from_vocabulary(vocabulary)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
@@ -93,10 +93,40 @@ def _vocabulary(source: str) -> tuple[Any, TokenMap]:
             f"{source} has no tokenizer: neither isoprobe's {CharVocabulary.FILE} nor Hugging "
             f"Face tokenizer files ({err}). Save the tokenizer next to the weights."
         ) from err
+    except Exception as err:  # the tokenizers library raises bare Exceptions on bad files
+        raise CheckpointError(
+            f"the tokenizer files in {source} cannot be read ({err}): they are corrupt or were "
+            "edited. Save the checkpoint's own tokenizer next to the weights."
+        ) from err
     try:
         return tokenizer, TokenMap.from_tokenizer(tokenizer, source)
     except ValueError as err:
         raise CheckpointError(str(err)) from err
+
+
+def _char_vocabulary(path: Path) -> CharVocabulary:
+    """isoprobe's character vocabulary from its file: ``{"tokens": [...]}``, each token once,
+    the symbols and special tokens among them; anything else is refused naming the file."""
+    try:
+        tokens = json.loads(path.read_text()).get("tokens")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise CheckpointError(
+            f"{path} is not a JSON object with a list of tokens ({err}). Copy or export the "
+            "checkpoint again."
+        ) from None
+    if (
+        not isinstance(tokens, list)
+        or not all(isinstance(t, str) for t in tokens)
+        or len(set(tokens)) != len(tokens)
+    ):
+        raise CheckpointError(
+            f"{path}: 'tokens' must be a list of distinct strings, got {tokens!r:.200}. Copy or "
+            "export the checkpoint again."
+        )
+    try:
+        return CharVocabulary(tokens)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}. Copy or export the checkpoint again.") from None
 
 
 def _check_shapes(directory: Path, model: PreTrainedModel) -> None:

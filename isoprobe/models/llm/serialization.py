@@ -140,19 +140,36 @@ class TokenMap:
     @classmethod
     def from_tokenizer(cls, tokenizer, name: str) -> TokenMap:
         """The map of a Hugging Face tokenizer, each symbol written as LLMTime writes it (with a
-        leading space: GPT-2's BPE has ``" 0"`` ... ``" 9"``, ``" ,"``, ``" -"``)."""
+        leading space: GPT-2's BPE has ``" 0"`` ... ``" 9"``, ``" ,"``, ``" -"``). A tokenizer
+        that lacks a symbol (writes it as no token or as its unknown token), splits a digit,
+        ``,`` or ``-`` into several, gives two symbols one token, or has no end-of-sequence
+        token is refused in one message naming ``name`` (its directory or hub id)."""
         ids: dict[str, tuple[int, ...]] = {}
         for symbol in SYMBOLS:
             spaced = tuple(tokenizer.encode(" " + symbol, add_special_tokens=False))
             bare = tuple(tokenizer.encode(symbol, add_special_tokens=False))
             ids[symbol] = spaced if len(spaced) == 1 or len(bare) != 1 else bare
-            if symbol != MISSING and len(ids[symbol]) != 1:
-                raise ValueError(
-                    f"the tokenizer of {name} writes {symbol!r} as {len(ids[symbol])} tokens; "
-                    "LLMTime serialisation needs one token per digit, ',' and '-'. Use a GPT-2 "
-                    "or T5 checkpoint, or model.checkpoint=scratch|bundled (isoprobe's vocabulary)."
-                )
+        unknown = tokenizer.unk_token_id
+        lacking = [s for s, found in ids.items() if not found or unknown in found]
+        split = [s for s, found in ids.items() if s != MISSING and len(found) > 1]
+        singles = [found for s, found in ids.items() if s != MISSING and len(found) == 1]
         eos = tokenizer.eos_token_id
+        problems = []
+        if lacking:
+            problems.append(f"it lacks {lacking} (writes them as no token or its unknown token)")
+        if split:
+            problems.append(f"it writes {split} as several tokens each")
+        if len(set(singles)) != len(singles):
+            problems.append("it writes two different symbols as one token")
+        if eos is None:
+            problems.append("it has no end-of-sequence token")
+        if problems:
+            raise ValueError(
+                f"the tokenizer of {name} cannot write LLMTime series: {'; '.join(problems)}. "
+                "LLMTime serialisation needs one token for each digit, ',' and '-', at least one "
+                "for 'NaN', and an end-of-sequence token. Use a GPT-2 or T5 checkpoint with its "
+                "own tokenizer, or model.checkpoint=scratch|bundled (isoprobe's vocabulary)."
+            )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         return cls(ids, int(pad), int(eos))
 
