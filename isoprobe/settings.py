@@ -85,8 +85,9 @@ SCHEMA: Mapping[str, Mapping[str, Range]] = {
     },
     "model.optimizer": {"lr": number(0, 10, open_low=True), "weight_decay": number(0, 1e3)},
     "data": {
-        "context_length": whole(2, 100_000),
-        "prediction_length": whole(1, 100_000),
+        # null: the data set's own lengths (data=chronos_benchmark)
+        "context_length": whole(2, 100_000, nullable=True),
+        "prediction_length": whole(1, 100_000, nullable=True),
         "noise_std": number(0, 1e6),
         "train_stride": whole(1, MAX_COUNT),
         "eval_stride": whole(1, MAX_COUNT, nullable=True),

@@ -25,7 +25,10 @@ REFUSED = [
     ("analyze.n_boot=lots", "analyze.n_boot must be a whole number in [0, 100000], got 'lots'"),
     ("analyze.n_boot=1000000000", "analyze.n_boot must be a whole number in [0, 100000]"),
     ("analyze.n_perm=-1", "analyze.n_perm must be a whole number in [0, 100000], got -1"),
-    ("data.context_length=0", "data.context_length must be a whole number in [2, 100000], got 0"),
+    (
+        "data.context_length=0",
+        "data.context_length must be a whole number in [2, 100000] or null, got 0",
+    ),
     ("data.noise_std=-0.1", "data.noise_std must be a finite number in [0, 1e+06], got -0.1"),
     ("callbacks.isotropy.max_tokens=1", "callbacks.isotropy.max_tokens must be a whole number"),
 ]
@@ -57,6 +60,26 @@ def test_every_violation_is_named_in_one_message(tmp_path):
 @pytest.mark.parametrize("model", ["chronos", "chronos_bolt", "patchtst", "moirai", "llm"])
 def test_the_shipped_defaults_are_in_range(tmp_path, model):
     check_settings(config(tmp_path, f"model={model} regularizer=isotropy"))
+
+
+SHIPPED_DATA = sorted(
+    str(path.relative_to(ROOT / "configs" / "data").with_suffix(""))
+    for path in (ROOT / "configs" / "data").rglob("*.yaml")
+)
+SHIPPED_EXPERIMENTS = sorted(
+    str(path.relative_to(ROOT / "configs" / "experiment").with_suffix(""))
+    for path in (ROOT / "configs" / "experiment").rglob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("data", SHIPPED_DATA)
+def test_every_shipped_data_set_is_in_range(tmp_path, data):
+    check_settings(config(tmp_path, f"data={data}"))
+
+
+@pytest.mark.parametrize("experiment", SHIPPED_EXPERIMENTS)
+def test_every_shipped_experiment_is_in_range(tmp_path, experiment):
+    check_settings(config(tmp_path, f"experiment={experiment}"))
 
 
 def test_an_off_regulariser_is_not_checked(tmp_path):

@@ -81,10 +81,13 @@ def kendall_columns(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     product per row when ``y`` is shared."""
     rx, ry = _dense_ranks(x), _dense_ranks(y)
     concordance = np.zeros(x.shape[1])
-    for i in range(x.shape[0] - 1):
-        sx = np.sign(rx[i] - rx[i + 1 :])
-        sy = np.sign(ry[i] - ry[i + 1 :])
-        concordance += sy[:, 0] @ sx if ry.shape[1] == 1 else (sx * sy).sum(axis=0)
+    # the operands are finite small integers, so the products are exact; the BLAS kernel can
+    # still raise a spurious invalid-value flag on column slices, which says nothing here
+    with np.errstate(invalid="ignore"):
+        for i in range(x.shape[0] - 1):
+            sx = np.sign(rx[i] - rx[i + 1 :])
+            sy = np.sign(ry[i] - ry[i + 1 :])
+            concordance += sy[:, 0] @ sx if ry.shape[1] == 1 else (sx * sy).sum(axis=0)
     denominator = np.sqrt(_untied_pairs(rx) * _untied_pairs(ry))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denominator > 0, concordance / denominator, np.nan)
