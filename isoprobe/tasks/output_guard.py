@@ -4,6 +4,8 @@
   ``.hydra/config.yaml`` of another task, ``summary.json``, probe CSVs, ``csv/metrics.csv``,
   ``checkpoints/``) nor into a sweep directory (``multirun.yaml``): its own ``.hydra/`` and
   ``run.log`` would replace the run's, and the run would vanish from its sweep's study.
+- A run is not rerun into a ``hydra.run.dir`` that holds a finished run (``summary.json``)
+  unless it resumes (``ckpt_path=...``): it would replace that run's records.
 - A sweep is not rerun into a ``hydra.sweep.dir`` that holds finished runs (``summary.json``):
   each job would recompute its run over that run's own records. Until sweeps can skip or resume
   their finished jobs, such a sweep is refused as a whole, before any job starts (Hydra would
@@ -104,6 +106,17 @@ def check_sweep_directory(sweep_dir: Path) -> None:
         )
 
 
+def check_run_directory(run_dir: Path) -> None:
+    """Refuse a run into ``run_dir`` when a run there finished (``summary.json``): it would
+    replace that run's summary and records."""
+    if (run_dir / "summary.json").is_file() and (run_dir / ".hydra" / "config.yaml").is_file():
+        raise OutputRefused(
+            f"hydra.run.dir={run_dir} holds a finished run (summary.json): this run would "
+            "replace its records. Run in a new directory (leave hydra.run.dir at its default), "
+            "delete that run to run it again, or resume it with ckpt_path=<its checkpoint>."
+        )
+
+
 class OutputGuard(Callback):
     """``hydra.callbacks.output_guard``: the checks of the module docstring, before Hydra
     writes anything."""
@@ -116,6 +129,8 @@ class OutputGuard(Callback):
         with _refusal_ends_the_process():
             if config.task.name == "analyze":
                 check_analysis_directory(run_dir)
+            elif config.get("ckpt_path") is None:
+                check_run_directory(run_dir)
             self._held.enter_context(run_directory_lock(run_dir))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:

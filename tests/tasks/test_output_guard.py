@@ -84,6 +84,17 @@ def test_a_sweep_rerun_into_its_directory_is_refused_and_changes_nothing(sweep):
     assert contents(sweep) == before
 
 
+def test_a_run_into_a_finished_runs_directory_is_refused_and_changes_nothing(sweep):
+    run = sweep / "0"
+    before = contents(sweep)
+    single = [o for o in SWEEP if o not in ("-m", "data=energy,weather")]
+    done = run_py(*single, "data=energy", f"hydra.run.dir={run}", cwd=sweep.parent)
+    assert done.returncode == 1
+    assert f"hydra.run.dir={run} holds a finished run (summary.json)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert contents(sweep) == before
+
+
 def test_a_second_analysis_into_a_directory_in_use_is_refused_before_it_writes(sweep, tmp_path):
     out = tmp_path / "analysis"
     out.mkdir()
