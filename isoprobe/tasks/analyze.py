@@ -73,13 +73,15 @@ def primary_forecast(study: Study, name: str) -> str:
 
 
 def check_isotropy_metric(study: Study, metric: str) -> None:
-    """Refuse an ``analyze.isotropy_metric`` that no run recorded (before anything is written),
-    naming the metrics the runs hold."""
-    recorded = set(study.table["metric"].dropna().unique()) if not study.table.empty else set()
+    """Refuse an ``analyze.isotropy_metric`` that the isotropy probe did not record (before
+    anything is written), naming the metrics it did; a study without isotropy records (the rank
+    probe's alone) has no figure that reads the setting, so it is not checked there."""
+    table = study.table
+    recorded = set(table.loc[table["probe"] == "isotropy", "metric"].dropna().unique())
     if recorded and metric not in recorded:
         raise AnalysisError(
-            f"analyze.isotropy_metric={metric!r} is not among the metrics the runs recorded; "
-            f"choose one of {sorted(recorded)}"
+            f"analyze.isotropy_metric={metric!r} is not among the metrics the isotropy probe "
+            f"recorded; choose one of {sorted(recorded)}"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from isoprobe.analysis.statistics import (
     associate,
     spearman_columns,
 )
-from isoprobe.analysis.study import load_study
+from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics.rank import is_weight_metric, rank_metric
+from isoprobe.tasks.analyze import run_analyze
 from tests.analysis.probed_runs import analyse, probed_run
+from tests.conftest import compose_config
 
 MODELS, DATASETS = 5, 6
 WEIGHT_METRIC = rank_metric(0.01, "q")
@@ -234,3 +237,31 @@ def test_the_permutation_p_value_counts_scipys_rho_over_the_same_pairings():
     permuted = np.array([[stats.spearmanr(x[:, j], p).statistic for j in range(40)] for p in ry])
     expected = (1 + (np.abs(permuted) >= np.abs(rho) - 1e-12).sum(axis=0)) / 401
     np.testing.assert_allclose(found.p_value, expected)
+
+
+def analysis_config(runs: Path, output: Path, *overrides: str):
+    return compose_config(
+        output,
+        ["task=analyze", f"analyze.runs={runs}", "analyze.n_boot=20", "analyze.n_perm=20"]
+        + ["logger=none", *overrides],
+    )
+
+
+def test_an_isotropy_metric_no_run_recorded_is_refused_before_anything_is_written(grid, tmp_path):
+    out = tmp_path / "analysis"
+    with pytest.raises(AnalysisError, match=r"analyze.isotropy_metric='nosuch'.*choose one of"):
+        run_analyze(analysis_config(grid, out, "analyze.isotropy_metric=nosuch"))
+    assert not (out / "study.csv").exists() and not (out / "report.html").exists()
+
+
+def test_a_study_of_the_rank_probe_alone_is_analysed_with_the_default_metric(grid, tmp_path):
+    ranks_only = tmp_path / "ranks"
+    shutil.copytree(grid, ranks_only)
+    for records in ranks_only.glob("*/probe_metrics.csv"):
+        records.unlink()
+    for records in ranks_only.glob("*/rank_metrics.csv"):
+        frame = pd.read_csv(records)
+        frame[frame["probe"] == "rank"].to_csv(records, index=False)
+    out = tmp_path / "analysis"
+    run_analyze(analysis_config(ranks_only, out))
+    assert (out / "report.html").is_file() and (out / "flow_of_ranks.png").is_file()
