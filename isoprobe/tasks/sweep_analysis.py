@@ -1,5 +1,9 @@
 """A Hydra callback that runs ``task=analyze`` on a sweep when its last job has ended, so that
-one ``python run.py -m experiment=<study>`` gives the report (``<sweep dir>/analysis/``)."""
+one ``python run.py -m experiment=<study>`` gives the report (``<sweep dir>/analysis/``).
+
+Hydra turns an exception raised in a callback into a warning and exits 0; an analysis that
+isoprobe refuses (:mod:`isoprobe.tasks.user_errors`) ends the sweep with its message and exit
+code 1 instead, so that a sweep without its report does not look like one with it."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class AnalyzeSweep(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from isoprobe.tasks.analyze import run_analyze
+        from isoprobe.tasks.user_errors import exit_on_user_error
 
         sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
         analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
@@ -44,4 +49,5 @@ class AnalyzeSweep(Callback):
             }
         )
         log.info("analysing the sweep %s", sweep_dir)
-        run_analyze(cfg)
+        with exit_on_user_error():
+            run_analyze(cfg)

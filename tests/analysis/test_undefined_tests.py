@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from omegaconf import OmegaConf
 from scipy import stats
 
 from isoprobe.analysis.correlations import SHARED_WEIGHTS, correlations, weight_identity
@@ -26,11 +28,13 @@ from isoprobe.analysis.statistics import (
 from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics.rank import is_weight_metric, rank_metric
 from isoprobe.tasks.analyze import run_analyze
+from isoprobe.tasks.sweep_analysis import AnalyzeSweep
 from tests.analysis.probed_runs import analyse, probed_run
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config
 
 MODELS, DATASETS = 5, 6
 WEIGHT_METRIC = rank_metric(0.01, "q")
+ANALYZE_DEFAULTS = yaml.safe_load((ROOT / "configs" / "analyze" / "default.yaml").read_text())
 COLUMNS = ["probe", "epoch", "global_step", "layer", "metric", "value", "note"]
 
 
@@ -265,3 +269,21 @@ def test_a_study_of_the_rank_probe_alone_is_analysed_with_the_default_metric(gri
     out = tmp_path / "analysis"
     run_analyze(analysis_config(ranks_only, out))
     assert (out / "report.html").is_file() and (out / "flow_of_ranks.png").is_file()
+
+
+def test_a_sweeps_refused_analysis_ends_the_sweep_with_its_message(grid, tmp_path, capsys):
+    """Hydra would turn the callback's exception into a warning and exit 0."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(grid, sweep)
+    config = OmegaConf.create(
+        {
+            "hydra": {"sweep": {"dir": str(sweep)}},
+            "analyze": {**ANALYZE_DEFAULTS, "isotropy_metric": "nosuch"},
+            "logger": None,
+        }
+    )
+    with pytest.raises(SystemExit) as ended:
+        AnalyzeSweep().on_multirun_end(config)
+    assert ended.value.code == 1
+    assert "Error: analyze.isotropy_metric='nosuch'" in capsys.readouterr().err
+    assert not (sweep / "analysis" / "report.html").exists()
