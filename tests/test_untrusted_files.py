@@ -209,16 +209,25 @@ def test_chronos_config_values_of_the_wrong_kind_are_named(tmp_path, changes, na
         build(tmp_path, "chronos", str(directory))
 
 
-def test_chronos2_config_with_an_unexpected_key_names_it_and_the_expected_ones(tmp_path):
-    directory = bundled_copy(tmp_path, "chronos-2-mini", ("config.json", "model.safetensors"))
+@pytest.mark.parametrize(
+    ("model", "bundled", "name", "dropped"),
+    [
+        ("chronos2", "chronos-2-mini", "Chronos-2", "quantiles"),
+        ("chronos_bolt", "chronos-bolt-mini", "Chronos-Bolt", "input_patch_size"),
+    ],
+)
+def test_chronos_config_with_an_unexpected_key_is_refused_naming_the_keys(
+    tmp_path, model, bundled, name, dropped
+):
+    directory = bundled_copy(tmp_path, bundled, ("config.json", "model.safetensors"))
     config = json.loads((directory / "config.json").read_text())
     config["chronos_config"]["extra_hook"] = "os.system"
-    del config["chronos_config"]["quantiles"]
+    del config["chronos_config"][dropped]
     (directory / "config.json").write_text(json.dumps(config))
     expected = rf"{re.escape(str(directory))}/config\.json has unexpected keys \['extra_hook'\] "
-    expected += r"and lacks \['quantiles'\]; a Chronos-2 chronos_config has the keys \['context"
+    expected += rf"and lacks \['{dropped}'\]; a {name} chronos_config has the keys \['context"
     with pytest.raises(CheckpointError, match=expected):
-        build(tmp_path, "chronos2", str(directory))
+        build(tmp_path, model, str(directory))
 
 
 def test_chronos_bundled_config_reads_its_tokenizer(tmp_path):

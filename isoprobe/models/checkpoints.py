@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
@@ -285,3 +286,29 @@ def scratch_shape(
     if fields is None:
         raise CheckpointError(f"model.checkpoint=scratch needs {settings}")
     return fields
+
+
+def check_config_keys(fields: Any, declared: type, source: str, model: str) -> None:
+    """Refuse a ``chronos_config`` (``fields``, from ``source``/config.json) that is not an
+    object with the keys of the dataclass ``declared``: it is not a mapping, has keys
+    ``declared`` does not, or lacks one without a default; ``model`` names whose it is."""
+    known = [f.name for f in dataclasses.fields(declared)]
+    if not isinstance(fields, Mapping):
+        raise CheckpointError(
+            f"chronos_config in {source}/config.json is a {type(fields).__name__}, not an object "
+            f"with the keys {known}. Export the checkpoint again."
+        )
+    unexpected = sorted(set(fields) - set(known))
+    missing = [
+        f.name
+        for f in dataclasses.fields(declared)
+        if f.name not in fields
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if unexpected or missing:
+        raise CheckpointError(
+            f"chronos_config in {source}/config.json has unexpected keys {unexpected} and lacks "
+            f"{missing}; a {model} chronos_config has the keys {known}. The file was edited or "
+            "belongs to another model: export the checkpoint again."
+        )

@@ -21,7 +21,6 @@ a target: the quantile loss. Forecasts are one direct pass for the whole horizon
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import math
@@ -41,6 +40,7 @@ from isoprobe.models.base import (
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    check_config_keys,
     check_weights_fit,
     load_pretrained,
     pretrained_config,
@@ -352,24 +352,4 @@ def _check_config(config: Any, source: str) -> None:
             f"{ARCHITECTURE} checkpoints such as amazon/chronos-2 (Chronos-T5: model=chronos, "
             "Chronos-Bolt: model=chronos_bolt)."
         )
-    fields, declared = config.chronos_config, dataclasses.fields(Chronos2ForecastingConfig)
-    known = [f.name for f in declared]
-    if not isinstance(fields, Mapping):
-        raise CheckpointError(
-            f"chronos_config in {source}/config.json is a {type(fields).__name__}, not an object "
-            f"with the keys {known}. Export the checkpoint again."
-        )
-    unexpected = sorted(set(fields) - set(known))
-    missing = [
-        f.name
-        for f in declared
-        if f.name not in fields
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    ]
-    if unexpected or missing:
-        raise CheckpointError(
-            f"chronos_config in {source}/config.json has unexpected keys {unexpected} and lacks "
-            f"{missing}; a Chronos-2 chronos_config has the keys {known}. The file was edited or "
-            "belongs to another model: export the checkpoint again."
-        )
+    check_config_keys(config.chronos_config, Chronos2ForecastingConfig, source, "Chronos-2")

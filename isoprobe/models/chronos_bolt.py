@@ -44,6 +44,7 @@ from isoprobe.models.base import (
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    check_config_keys,
     check_weights_fit,
     load_pretrained,
     pretrained_config,
@@ -366,12 +367,8 @@ def _check_bolt_config(config: T5Config, source: str) -> None:
             f"{source} is a {architectures[0]} checkpoint, not a Chronos-Bolt one "
             f"({ARCHITECTURE}); Chronos-2 checkpoints load with model=chronos2."
         )
-    try:
-        bolt = ChronosBoltConfig(**fields)
-    except TypeError as err:
-        raise CheckpointError(
-            f"{source}: its chronos_config {sorted(fields)} is not a ChronosBoltConfig ({err})."
-        ) from err
+    check_config_keys(fields, ChronosBoltConfig, source, "Chronos-Bolt")
+    bolt = ChronosBoltConfig(**fields)
     if list(bolt.quantiles) != sorted(bolt.quantiles):
         raise CheckpointError(f"{source}: chronos_config.quantiles {bolt.quantiles} not ascending")
 
