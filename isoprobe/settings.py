@@ -68,7 +68,8 @@ def number(low: float, high: float, open_low: bool = False, open_high: bool = Fa
 
 #: a count of windows, tokens or resamples: the bound keeps a typo from exhausting memory
 MAX_COUNT = 1_000_000
-BATCH = whole(1, 65_536)
+#: a batch: past what fits, the memory check (tasks/memory.py) refuses it with the estimate
+BATCH = whole(1, 10_000_000)
 PROBE = {
     "every_n_epochs": whole(1, MAX_COUNT),
     "num_windows": whole(1, MAX_COUNT),
