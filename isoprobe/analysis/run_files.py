@@ -55,6 +55,20 @@ class UnreadableRun(IsoprobeError, ValueError):
     """A run file that cannot be read in full; the message is the reason, naming the file."""
 
 
+#: where a job of a sweep that failed leaves its error (isoprobe/tasks/sweep_job.py)
+FAILED_FILE = "failed.json"
+
+
+def read_failure(run: Path) -> str | None:
+    """The error a failed job of a sweep left in ``run`` (None when it left none)."""
+    try:
+        return str(json.loads((run / FAILED_FILE).read_text())["error"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its {FAILED_FILE} cannot be read ({err})"
+
+
 def read_yaml(path: Path, kind: type, empty_ok: bool = False) -> Any:
     """The plain data of a YAML file that must hold a ``kind`` (dict or list), empty only when
     ``empty_ok``."""

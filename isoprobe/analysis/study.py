@@ -36,6 +36,7 @@ from isoprobe.analysis.run_files import (
     UnreadableRun,
     read_config,
     read_csv,
+    read_failure,
     read_overrides,
     read_probe_file,
     read_summary,
@@ -128,6 +129,10 @@ def _find(paths: Sequence[str]) -> _Found:
             for sweep in sweeps_under(match)
         ]
         for run in found:
+            failure = read_failure(run)
+            if failure is not None:
+                left_out[run] = f"failed: {failure}"
+                continue
             try:
                 config = read_config(run)
             except UnreadableRun as err:

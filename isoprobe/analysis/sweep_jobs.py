@@ -11,7 +11,9 @@ Sweeps with another subdir or another sweeper cannot be counted this way and are
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from isoprobe.analysis.run_files import UnreadableRun, read_yaml
 
@@ -31,6 +33,13 @@ def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     except UnreadableRun as err:
         log.warning("cannot count the jobs of the sweep %s: %s", sweep_dir, err)
         return None
+    return sweep_jobs(config, str(sweep_dir))
+
+
+def sweep_jobs(config: Mapping[str, Any], sweep: str) -> list[list[str]] | None:
+    """Every job (its overrides), numbered by position, of the sweep whose config (with its
+    ``hydra`` node, interpolations unresolved) is ``config``; None when the sweep cannot be
+    counted (module docstring). ``sweep`` names it in warnings."""
     hydra = config.get("hydra") or {}
     sweeper = hydra.get("sweeper") or {}
     subdir = (hydra.get("sweep") or {}).get("subdir")
@@ -48,7 +57,7 @@ def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     try:
         return grid_jobs(parser, sweeper.get("grids") or [{}], parser.parse_overrides(arguments))
     except (HydraException, ValueError, TypeError, AttributeError) as err:
-        log.warning("cannot count the jobs of the sweep %s: %s", sweep_dir, err)
+        log.warning("cannot count the jobs of the sweep %s: %s", sweep, err)
         return None
 
 

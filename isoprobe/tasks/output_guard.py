@@ -6,11 +6,14 @@
   ``run.log`` would replace the run's, and the run would vanish from its sweep's study.
 - A run is not rerun into a ``hydra.run.dir`` that holds a finished run (``summary.json``)
   unless it resumes (``ckpt_path=...``): it would replace that run's records.
-- A sweep is not rerun into a ``hydra.sweep.dir`` that holds finished runs (``summary.json``):
-  each job would recompute its run over that run's own records. Until sweeps can skip or resume
-  their finished jobs, such a sweep is refused as a whole, before any job starts (Hydra would
-  refuse the rest of a sweep at its first failed job anyway). A sweep that resumes from a
-  checkpoint (``ckpt_path=...``) is allowed, as resuming a single run in place is.
+- A sweep rerun into a ``hydra.sweep.dir`` that holds finished runs (``summary.json``) goes
+  on where the first run stopped (:mod:`isoprobe.tasks.sweep_job`: finished jobs are skipped,
+  stopped ones resume) when it is the same sweep: the same jobs, in the same order, as the
+  directory's ``multirun.yaml``. Any other sweep there is refused as a whole, before any job
+  starts: its job ``i`` would run over another job's records. So is a sweep whose jobs cannot
+  be counted (another sweeper, such as a search, or another ``hydra.sweep.subdir``). A sweep
+  that resumes from a checkpoint (``ckpt_path=...``) is allowed, as resuming a single run in
+  place is.
 
 Hydra writes a run's ``.hydra/`` and opens its ``run.log`` before the task starts, so the check
 runs in :class:`OutputGuard`, a Hydra callback (``configs/hydra/default.yaml``) whose
@@ -25,15 +28,17 @@ and exit code 1).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.analysis.run_files import UnreadableRun, read_config
+from isoprobe.analysis.sweep_jobs import expected_jobs, sweep_jobs
 from isoprobe.errors import IsoprobeError
 from isoprobe.tasks.run_lock import RunDirectoryInUse, run_directory_lock
 
@@ -47,6 +52,8 @@ RUN_RECORDS = (
     "compression.csv",
 )
 SWEEP_FILE = "multirun.yaml"
+
+log = logging.getLogger(__name__)
 
 
 class OutputRefused(IsoprobeError, RuntimeError):
@@ -92,18 +99,27 @@ def finished_runs(sweep_dir: Path) -> list[Path]:
     )
 
 
-def check_sweep_directory(sweep_dir: Path) -> None:
-    """Refuse a sweep into ``sweep_dir`` when runs in it have finished."""
+def check_sweep_directory(sweep_dir: Path, config: DictConfig) -> None:
+    """Refuse the sweep ``config`` into ``sweep_dir`` when runs in it have finished, unless it
+    is the sweep that ran there (the same jobs in the same order)."""
     done = finished_runs(sweep_dir)
-    if done:
-        listed = ", ".join(str(run.relative_to(sweep_dir)) for run in done[:10])
-        more = f" and {len(done) - 10} more" if len(done) > 10 else ""
-        raise OutputRefused(
-            f"hydra.sweep.dir={sweep_dir} already holds {len(done)} finished runs ({listed}"
-            f"{more}): this sweep would recompute them over their own records. Run the sweep "
-            "in a new directory (leave hydra.sweep.dir at its default, or set another one), or "
-            f"delete {sweep_dir} (or those runs' directories) to run them again."
-        )
+    if not done:
+        return
+    earlier = expected_jobs(sweep_dir)
+    if earlier is not None and earlier == sweep_jobs(
+        OmegaConf.to_container(config, resolve=False), str(sweep_dir)
+    ):
+        log.info("%s: %d jobs finished earlier and are skipped", sweep_dir, len(done))
+        return
+    listed = ", ".join(str(run.relative_to(sweep_dir)) for run in done[:10])
+    more = f" and {len(done) - 10} more" if len(done) > 10 else ""
+    raise OutputRefused(
+        f"hydra.sweep.dir={sweep_dir} already holds {len(done)} finished runs ({listed}{more}) "
+        "of another sweep, or of one whose jobs cannot be counted (its multirun.yaml): this "
+        "sweep would run over their records. Rerunning the same command goes on where that "
+        "sweep stopped; for another sweep use a new directory (leave hydra.sweep.dir at its "
+        f"default, or set another one), or delete {sweep_dir} (or those runs' directories)."
+    )
 
 
 def check_run_directory(run_dir: Path) -> None:
@@ -142,7 +158,7 @@ class OutputGuard(Callback):
             if config.task.name == "analyze":
                 check_analysis_directory(sweep_dir)
             if config.get("ckpt_path") is None:
-                check_sweep_directory(sweep_dir)
+                check_sweep_directory(sweep_dir, config)
 
 
 @contextmanager

@@ -49,6 +49,7 @@ from isoprobe.tasks.resume import (
     data_identity,
 )
 from isoprobe.tasks.run_lock import run_directory_lock
+from isoprobe.tasks.slurm_requeue import slurm_plugins
 from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
@@ -156,8 +157,9 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     # the run's zero-shot forecast, unless resume_allow_data_change moved it to other data
     before = identity.get("before") if identity.get("data") == data else None
     callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs, adapt, before))
+    plugins = [*(instantiate(p) for p in cfg.trainer.get("plugins") or []), *slurm_plugins()]
     trainer: L.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False
+        cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False, plugins=plugins
     )
     counts = parameter_counts(model)
     log.info(
