@@ -75,12 +75,12 @@ def run_sweep_job(cfg: DictConfig, run: Callable[[DictConfig], dict[str, Any]]) 
         return None
 
 
-def objective_value(results: dict | None, metric: str) -> float:
+def objective_value(results: dict | None, metric: str) -> float | None:
     """``metric`` (such as ``test/wql``) of the run's final test forecast (after training; the
-    zero-shot one for a task that does not train), the value a search sweeper optimises; NaN
-    for a failed job (Optuna marks the trial failed)."""
+    zero-shot one for a task that does not train), the value a search sweeper optimises; None
+    for a failed job (Hydra's Optuna sweeper then marks the trial failed and goes on)."""
     if results is None:
-        return float("nan")
+        return None
     forecast = results.get("after") or results.get("before") or {}
     if metric not in forecast:
         known = ", ".join(sorted(forecast)) or "none: the run made no test forecast"
