@@ -215,7 +215,8 @@ def test_torchrun_with_two_cpu_processes_equals_one_process(tmp_path):
 def test_an_optuna_search_finds_its_best_trial(tmp_path):
     sweep = tmp_path / "search"
     done = run_py(
-        "-m", "experiment=search/lora", *BOLT, "model.checkpoint=scratch", "model.allow_random_weights=true", "data.max_train_windows=32",
+        "-m", "experiment=search/lora", *BOLT, "model.checkpoint=scratch",
+        "model.allow_random_weights=true", "data.max_train_windows=32",
         "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", "~hydra.callbacks.analyze",
         f"hydra.sweep.dir={sweep}", cwd=tmp_path,
     )  # fmt: skip
