@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from isoprobe.models.compression import flow_of_ranks_schedule
 from tests.conftest import CONFIG_DIR, compose_config
 
-STUDIES = sorted(
+EXPERIMENTS = sorted(
     str(p.relative_to(CONFIG_DIR / "experiment").with_suffix(""))
     for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
 )
+#: searches (hydra/sweeper=optuna) sample their params instead of sweeping a grid
+SEARCHES = [name for name in EXPERIMENTS if name.startswith("search/")]
+STUDIES = [name for name in EXPERIMENTS if name not in SEARCHES]
 
 
 @pytest.mark.parametrize("study", STUDIES)
@@ -29,6 +33,27 @@ def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(
                 if key == "model":
                     name = value.split("/")[-1].removesuffix("_from_scratch")
                     assert composed.model.name == name
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_every_bound_and_choice_of_a_search_composes_and_it_has_an_objective(tmp_path, search):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
+
+    cfg = compose_config(tmp_path, [f"experiment={search}"])
+    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.objective
+    assert cfg.hydra.callbacks.analyze._target_ == "isoprobe.tasks.sweep_analysis.AnalyzeSweep"
+    parser = OverridesParser.create()
+    params = parser.parse_overrides([f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()])
+    assert params
+    for param in params:
+        sweep = param.value()
+        assert isinstance(sweep, ChoiceSweep | IntervalSweep), param
+        values = sweep.list if isinstance(sweep, ChoiceSweep) else [sweep.start, sweep.end]
+        for value in values:
+            key = param.key_or_group
+            composed = compose_config(tmp_path, [f"experiment={search}", f"{key}={value}"])
+            assert OmegaConf.select(composed, key) == pytest.approx(value), key
 
 
 def test_the_context_length_study_runs_each_models_own_arm(tmp_path):
