@@ -42,6 +42,7 @@ from isoprobe.tasks.loggers import (
     wandb_save_dirs,
 )
 from isoprobe.tasks.memory import check_memory_fits
+from isoprobe.tasks.quiet import quiet_lightning
 from isoprobe.tasks.resume import (
     RunIdentity,
     check_resume_checkpoint,
@@ -108,6 +109,7 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     The run holds its output directory for its whole duration: a second run started in the
     same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
     _single_log_stream()
+    quiet_lightning()
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     check_settings(cfg)  # every numeric setting, before data, weights or outputs
