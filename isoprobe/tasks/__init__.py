@@ -1,6 +1,16 @@
-"""What ``run.py`` dispatches to: finetune | probe | pretrain | compress | analyze."""
+"""What ``run.py`` dispatches to: one module per task, each a :class:`~isoprobe.tasks.task.Task`
+in :data:`TASKS` (``task=<name>``), run by :func:`run_task`."""
 
-from isoprobe.tasks.runner import TASKS, build_model, run_task
+from isoprobe.tasks.analyze import ANALYZE
+from isoprobe.tasks.compress import COMPRESS
+from isoprobe.tasks.finetune import FINETUNE
+from isoprobe.tasks.pretrain import PRETRAIN
+from isoprobe.tasks.probe import PROBE
+from isoprobe.tasks.runner import build_model, run_task
+from isoprobe.tasks.task import Task
 from isoprobe.tasks.user_errors import exit_on_user_error
 
-__all__ = ["TASKS", "build_model", "exit_on_user_error", "run_task"]
+#: ``task=<name>`` -> what it runs
+TASKS: dict[str, Task] = {t.name: t for t in (FINETUNE, PROBE, PRETRAIN, COMPRESS, ANALYZE)}
+
+__all__ = ["TASKS", "Task", "build_model", "exit_on_user_error", "run_task"]

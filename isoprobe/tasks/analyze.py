@@ -35,6 +35,7 @@ from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
 from isoprobe.tasks.output_guard import check_analysis_directory
 from isoprobe.tasks.run_lock import run_directory_lock
+from isoprobe.tasks.task import Task
 
 log = logging.getLogger(__name__)
 
@@ -386,3 +387,6 @@ def _publish_wandb(cfg: DictConfig, table: pd.DataFrame, drawn: list[tuple[Path,
         }
     )
     run.finish()
+
+
+ANALYZE = Task("analyze", trains=False, alone=run_analyze)

@@ -44,6 +44,7 @@ from isoprobe.models.compression import (
 )
 from isoprobe.models.compression_files import export_compressed
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
+from isoprobe.tasks.task import Task
 
 COLUMNS = (
     "epsilon",
@@ -299,3 +300,17 @@ def _write(output_dir: Path, rows: list[dict], device: str, settings: CompressSe
     (output_dir / "compression.md").write_text("\n".join(lines) + "\n")
     save_compression_tradeoff(output_dir / "compression.png", rows)
     print("\n".join(lines))
+
+
+def check_compress(cfg: DictConfig) -> None:
+    """The ``compress`` settings, and a model without adapters, before data and weights load."""
+    compress_settings(cfg.compress)
+    if cfg.model.get("adapt", "full") == "lora":
+        raise ValueError(
+            "task=compress truncates the model's own attention projections, which "
+            "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
+            "LoRA run's export, task=pretrain, holds its merged weights)"
+        )
+
+
+COMPRESS = Task("compress", trains=False, run=run_compress, check=check_compress)

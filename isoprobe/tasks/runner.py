@@ -23,17 +23,13 @@ from isoprobe.models.adaptation import (
     adapt_model,
     check_adapt,
     check_adapt_needs_weights,
-    frozen_modules_expected,
-    merged_export,
     parameter_counts,
 )
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import low_rank_attention
-from isoprobe.models.compression_files import apply_saved_compression, export_compressed
+from isoprobe.models.compression_files import apply_saved_compression
 from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.settings import check_settings
-from isoprobe.tasks.analyze import run_analyze
-from isoprobe.tasks.compress import compress_settings, run_compress
 from isoprobe.tasks.loggers import (
     build_loggers,
     continue_wandb_run,
@@ -52,12 +48,9 @@ from isoprobe.tasks.resume import (
 from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.slurm_requeue import slurm_plugins
 from isoprobe.tasks.summary import format_summary
+from isoprobe.tasks.task import Task
 
 log = logging.getLogger(__name__)
-
-TASKS = ("finetune", "probe", "pretrain", "compress", "analyze")
-#: the tasks that train, and so need training windows
-TRAINING_TASKS = ("finetune", "pretrain")
 
 
 def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
@@ -104,40 +97,36 @@ def _single_log_stream() -> None:
 
 
 def run_task(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.task.name`` and return its results (forecast metrics, probe records path).
+    """Run ``cfg.task.name`` (an entry of :data:`isoprobe.tasks.TASKS`) and return its results
+    (forecast metrics, probe records path).
 
     The run holds its output directory for its whole duration: a second run started in the
     same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
+    from isoprobe.tasks import TASKS
+
     _single_log_stream()
     quiet_lightning()
-    if cfg.task.name not in TASKS:
-        raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
+    task = TASKS.get(cfg.task.name)
+    if task is None:
+        raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {list(TASKS)}")
     check_settings(cfg)  # every numeric setting, before data, weights or outputs
-    if cfg.task.name == "analyze":
-        return run_analyze(cfg)
-    if cfg.task.name == "compress":
-        compress_settings(cfg.compress)  # a wrong setting fails before data and model load
-        if cfg.model.get("adapt", "full") == "lora":
-            raise ValueError(
-                "task=compress truncates the model's own attention projections, which "
-                "model.adapt=lora would wrap in adapters: compress with model.adapt=full (a "
-                "LoRA run's export, task=pretrain, holds its merged weights)"
-            )
+    if task.alone is not None:
+        return task.alone(cfg)
+    task.check(cfg)  # a wrong setting fails before data and model load
     model_settings = {k: cfg.model.get(k) for k in ("checkpoint", "adapt", "allow_random_weights")}
-    training = cfg.task.name in TRAINING_TASKS
-    check_adapt_needs_weights(cfg.task.name, training, model_settings, cfg.get("ckpt_path"))
+    check_adapt_needs_weights(task.name, task.trains, model_settings, cfg.get("ckpt_path"))
     dataset_spec(cfg.data.dataset)  # an unknown name fails here, not wrapped by instantiate
     output_dir = Path(cfg.paths.output_dir)
     with run_directory_lock(output_dir):
-        return _run_in(cfg, output_dir)
+        return _run_in(cfg, task, output_dir)
 
 
-def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
+def _run_in(cfg: DictConfig, task: Task, output_dir: Path) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
-    datamodule.setup("fit" if cfg.task.name in TRAINING_TASKS else "validate")
+    datamodule.setup("fit" if task.trains else "validate")
     model = build_model(cfg.model, datamodule)
     model.regularizer = IsotropyRegularizer.from_config(
         OmegaConf.to_container(cfg.regularizer, resolve=True) if cfg.get("regularizer") else None
@@ -145,10 +134,9 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     if model.regularizer is not None:
         model.regularizer.layer_names(model)  # a layer the model lacks fails before training
     adapt = cfg.model.get("adapt", "full")
-    training = cfg.task.name in TRAINING_TASKS
-    identity = check_resume_checkpoint(cfg.get("ckpt_path"), model, adapt if training else None)
+    identity = check_resume_checkpoint(cfg.get("ckpt_path"), model, adapt if task.trains else None)
     data = data_identity(datamodule)
-    if cfg.task.name != "probe":  # probing saved weights on other data is a use, not a slip
+    if task.trains:  # probing or compressing saved weights on other data is a use, not a slip
         check_same_data(identity, data, bool(cfg.get("resume_allow_data_change", False)))
     loggers = build_loggers(cfg.get("logger"), identity.get("wandb_ids", {}))
     resolved = model.resolved_checkpoint.describe()
@@ -185,7 +173,7 @@ def _run_in(cfg: DictConfig, output_dir: Path) -> dict[str, Any]:
     _continue_resumed_wandb_runs(loggers, identity, wandb_dirs)
 
     try:
-        results = _run(cfg, trainer, model, datamodule)
+        results = _run(cfg, task, trainer, model, datamodule)
         results.update(run_info)
         _report(trainer, output_dir, results)
     finally:
@@ -203,39 +191,11 @@ def _continue_resumed_wandb_runs(
             continue_wandb_run(lg, read_wandb_history(wandb_dirs[name], run_id))
 
 
-def _run(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule, datamodule) -> dict[str, Any]:
-    task, ckpt_path = cfg.task.name, cfg.get("ckpt_path")
-    results: dict[str, Any] = {"task": task}
-    training = task in TRAINING_TASKS
-    check_memory_fits(model, datamodule, trainer, training)
-    if task == "compress":
-        return {**results, **run_compress(cfg, trainer, model, datamodule)}
-    if task == "probe":
-        # the saved weights (ckpt_path) are probed and forecast, not the model config's; the
-        # validation pass only feeds the probes (the forecast is the test split's), so it skips
-        # forecasting, which for a sampling model costs more than the probes
-        model.forecast_on_validation = False
-        trainer.validate(
-            model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
-        )
-        if cfg.task.evaluate_before:
-            results["before"] = trainer.test(
-                model, datamodule=datamodule, verbose=False, ckpt_path=ckpt_path, weights_only=True
-            )[0]
-    elif cfg.task.evaluate_before:
-        # a resumed run has no untrained model: its start's forecast is the first part's
-        (run_identity,) = [c for c in trainer.callbacks if isinstance(c, RunIdentity)]
-        if ckpt_path is None:
-            run_identity.before = trainer.test(model, datamodule=datamodule, verbose=False)[0]
-        if run_identity.before is not None:
-            results["before"] = run_identity.before
-    if training:
-        with frozen_modules_expected(model):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-    if cfg.task.evaluate_after:
-        results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
-    if task == "pretrain":
-        results["export_dir"] = _export(cfg, trainer, model)
+def _run(
+    cfg: DictConfig, task: Task, trainer: L.Trainer, model: ForecastModule, datamodule
+) -> dict[str, Any]:
+    check_memory_fits(model, datamodule, trainer, task.trains)
+    results: dict[str, Any] = {"task": task.name, **task.run(cfg, trainer, model, datamodule)}
     probes = [c for c in trainer.callbacks if isinstance(c, RecordedProbe)]
     results["probe_records"] = [record for probe in probes for record in probe.records]
     results[PROMISED_ROWS] = _probe_rows(probes, Path(cfg.paths.output_dir))
@@ -254,27 +214,6 @@ def _probe_rows(probes: list[RecordedProbe], output_dir: Path) -> dict[str, int]
         if path is not None and path.parent.resolve() == output_dir.resolve():
             rows[path.name] = rows.get(path.name, 0) + len(probe.records)
     return rows
-
-
-def _export(cfg: DictConfig, trainer: L.Trainer, model: ForecastModule) -> str:
-    """Write the pretrained weights and how they were made (command, steps, losses)."""
-    export_dir = Path(cfg.task.export_dir)
-    if trainer.is_global_zero:
-        dtype = cfg.task.get("export_dtype", "float32")
-        if model.compression:
-            export_compressed(model, model.compression, str(export_dir), dtype)
-        else:
-            merged_export(model, str(export_dir), dtype)
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        provenance = {
-            "command": "python run.py " + " ".join(sys.argv[1:]),
-            "global_steps": trainer.global_step,
-            "epochs": trainer.current_epoch,
-            "final_metrics": metrics,
-            "data": OmegaConf.to_container(cfg.data, resolve=True),
-        }
-        (export_dir / "provenance.json").write_text(json.dumps(provenance, indent=2))
-    return str(export_dir)
 
 
 #: what a run leaves in its output directory, listed at its end when present

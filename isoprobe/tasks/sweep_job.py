@@ -33,8 +33,6 @@ from isoprobe.errors import IsoprobeError
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
-#: the tasks that train, and so can resume from a checkpoint
-RESUMABLE_TASKS = ("finetune", "pretrain")
 
 
 class ObjectiveError(IsoprobeError, ValueError):
@@ -60,7 +58,9 @@ def run_sweep_job(cfg: DictConfig, run: Callable[[DictConfig], dict[str, Any]]) 
     (run_dir / FAILED_FILE).unlink(missing_ok=True)
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is not None and cfg.get("ckpt_path") is None:
-        if cfg.task.name in RESUMABLE_TASKS:
+        from isoprobe.tasks import TASKS
+
+        if TASKS[cfg.task.name].trains:  # a task that trains resumes from its checkpoint
             log.info("%s: this job was stopped; it resumes from %s", run_dir, checkpoint)
             with open_dict(cfg):
                 cfg.ckpt_path = str(checkpoint)
