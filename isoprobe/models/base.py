@@ -71,6 +71,14 @@ What the contract requires of these methods (each point a test of the contract):
   quantiles.
 - **Memory.** Each estimate lies within a factor of 4 of the peak it estimates, measured on the
   CPU (the weights plus the resident memory one step or one forecast adds).
+- **What each method names is what the model runs.** Within a stack, block ``i`` runs before
+  block ``i + 1`` and its output is block ``i + 1``'s input. Each projection of
+  :meth:`attention_weights` acts in its role: a query perturbed at one token changes only that
+  token's attention output, a key or a value also others, and ``o``'s module writes the
+  attention sub-layer's output. :meth:`head_modules` map the last block's output to the
+  forecast (the loss reaches them with that output cut from the graph); ``embed`` depends on
+  the parameters of :meth:`input_modules` and no others. :meth:`forecast` reads every observed
+  context step: swapping two neighbouring observed values changes the first block's input.
 - **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by
   ``model.sizes``), which is all the contract tests need. Bundled weights
   (``isoprobe/models/bundled/<bundled_name>``, listed in ``checkpoints.SHIPPED``) are optional;

@@ -3,7 +3,10 @@ built from scratch: layers and sites, token masks (exactly the tokens that carry
 values), ``embed`` as the first block's input, hooks, a probe that changes nothing, a finite loss
 and gradients on windows with gaps, forecasts of the right shape and scale drawn from
 ``num_samples`` samples, memory estimates within a factor of the measured peak,
-export/reload, and the input, head and feed-forward modules that model.adapt trains."""
+export/reload, and the input, head and feed-forward modules that model.adapt trains. The
+properties of tests/models/contract_properties.py (blocks in order, each projection in its
+role, the head, the input layers, a forecast that reads every step) are checked on every model,
+and each mistake they exist for is planted into every model to see it caught."""
 
 from __future__ import annotations
 
@@ -20,17 +23,22 @@ from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, ForecastMod
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 from isoprobe.tasks.runner import build_model
 from tests.conftest import CONFIG_DIR, compose_config
+from tests.models import contract_properties as props
 
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 CONTEXT, HORIZON, BATCH = 32, 8, 3
 
 
 def build(
-    tmp_path, name: str, checkpoint: str = "scratch", overrides: Sequence[str] = ()
+    tmp_path,
+    name: str,
+    checkpoint: str = "scratch",
+    overrides: Sequence[str] = (),
+    context: int = CONTEXT,
 ) -> ForecastModule:
     cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}", *overrides])
     windows = SimpleNamespace(
-        context_length=CONTEXT, prediction_length=HORIZON, season_length=1, freq="h"
+        context_length=context, prediction_length=HORIZON, season_length=1, freq="h"
     )
     torch.manual_seed(0)
     return build_model(cfg.model, windows).eval()
@@ -257,23 +265,6 @@ def test_masks_mark_exactly_the_tokens_that_carry_observed_values(tmp_path, name
             assert torch.equal(mask, real), layer
 
 
-def first_block(model: ForecastModule) -> nn.Module:
-    """The block ``embed`` feeds: the largest module holding the first block's query weight
-    but not the second block's."""
-    weights = list(model.attention_weights().values())
-
-    def parameter(w: torch.Tensor) -> torch.Tensor:
-        return w if w._base is None else w._base
-
-    first, second = parameter(weights[0]["q"]), parameter(weights[1]["q"])
-    holders = [
-        m
-        for m in model.modules()
-        if any(p is first for p in m.parameters()) and all(p is not second for p in m.parameters())
-    ]
-    return max(holders, key=lambda m: sum(1 for _ in m.modules()))
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_embed_is_what_the_first_block_reads(tmp_path, name):
     """``embed`` is the first block's input, every position of it: the value embeddings with
@@ -287,7 +278,7 @@ def test_embed_is_what_the_first_block_reads(tmp_path, name):
         read.append(hidden.detach().clone())
 
     batch = make_batch()
-    handle = first_block(model).register_forward_pre_hook(keep_input, with_kwargs=True)
+    handle = props.first_block(model).register_forward_pre_hook(keep_input, with_kwargs=True)
     try:
         with torch.no_grad(), _capture_outputs({"embed": model.probe_layers()["embed"]}) as got:
             model.probe_forward(batch)
@@ -392,3 +383,121 @@ def test_input_head_and_feed_forward_modules_are_the_models_own_and_no_attention
         assert modules and all(id(m) in own for m in modules), kind
         assert parameters and not any(id(p) in attention for p in parameters), kind
     assert len(declared["feed_forward"]) == len(model.attention_weights())  # one per block
+
+
+#: windows long enough that every model's self-attention reads at least two real tokens
+#: (TimesFM's 32-step patches)
+LONG = 96
+
+
+def long_batch() -> dict[str, torch.Tensor]:
+    """Two fully observed random walks of :data:`LONG` steps (no repeating pattern: equal
+    patches would make equal tokens, whose attention no query can change)."""
+    g = torch.Generator().manual_seed(7)
+    context = torch.randn(2, LONG, generator=g).cumsum(-1) + 20
+    zeros = torch.zeros(2)
+    target = torch.randn(2, HORIZON, generator=g) + 20
+    return {"context": context, "target": target, "loc": zeros, "scale": zeros + 1}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_blocks_run_in_order_each_reading_the_last_ones_output(tmp_path, name):
+    props.check_block_order(build(tmp_path, name), make_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_each_attention_projection_acts_in_its_named_role(tmp_path, name):
+    props.check_projection_roles(build(tmp_path, name, context=LONG), long_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_head_maps_the_last_blocks_output_to_the_forecast(tmp_path, name):
+    props.check_head(build(tmp_path, name).train(), make_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_embed_depends_on_the_input_modules_and_nothing_else(tmp_path, name):
+    props.check_input_modules(build(tmp_path, name), make_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_forecast_reads_every_observed_context_step(tmp_path, name):
+    props.check_forecast_reads_every_step(build(tmp_path, name), CONTEXT, HORIZON)
+
+
+def _reversed_blocks(model: ForecastModule) -> None:
+    listed = model.probe_layers
+
+    def probe_layers(site: str = "block") -> dict[str, nn.Module]:
+        layers = dict(listed(site))
+        if site == "block":
+            for names in props.stacks_of(layers).values():
+                modules = [layers[n] for n in names]
+                layers.update(zip(names, reversed(modules), strict=True))
+        return layers
+
+    model.probe_layers = probe_layers
+
+
+def _key_named_query(model: ForecastModule) -> None:
+    weights = model.attention_weights
+    model.attention_weights = lambda: {
+        block: {**parts, "q": parts["k"]} for block, parts in weights().items()
+    }
+
+
+def _input_embedding_as_head(model: ForecastModule) -> None:
+    model.head_modules = model.input_modules
+
+
+def _input_modules_without_the_first(model: ForecastModule) -> None:
+    modules = model.input_modules
+    model.input_modules = lambda: modules()[1:]
+
+
+def _forecast_without_the_last_steps(model: ForecastModule, dropped: int = 5) -> None:
+    forecast = model.forecast
+
+    def without_last(batch):
+        context = batch["context"]
+        padding = torch.full_like(context[:, :dropped], float("nan"))
+        return forecast({**batch, "context": torch.cat([padding, context[:, :-dropped]], 1)})
+
+    model.forecast = without_last
+
+
+#: each mistake planted into a wrapper (issue 30, part 7) and the check that must catch it, with
+#: the windows it is checked on
+MISTAKES = {
+    "blocks listed in reverse": (_reversed_blocks, "block_order"),
+    "key under the query's name": (_key_named_query, "projection_roles"),
+    "input embedding as the head": (_input_embedding_as_head, "head"),
+    "an input module left out": (_input_modules_without_the_first, "input_modules"),
+    "forecast drops the last 5 steps": (_forecast_without_the_last_steps, "forecast"),
+}
+
+
+def _check(check: str, model: ForecastModule) -> None:
+    if check == "projection_roles":
+        props.check_projection_roles(model, long_batch())
+    elif check == "forecast":
+        props.check_forecast_reads_every_step(model, CONTEXT, HORIZON)
+    elif check == "head":
+        props.check_head(model.train(), make_batch())
+    else:
+        getattr(props, f"check_{check}")(model, make_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_planted_mistake_is_caught(tmp_path, name, mistake):
+    plant, check = MISTAKES[mistake]
+    model = build(tmp_path, name, context=LONG if check == "projection_roles" else CONTEXT)
+    if check == "head":
+        heads = {id(p) for m in model.head_modules() for p in m.parameters()}
+        inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
+        if heads == inputs:
+            pytest.skip(f"{name}'s head is its input embedding (tied): no mistake to plant")
+    plant(model)
+    with pytest.raises(AssertionError):
+        _check(check, model)
