@@ -77,6 +77,21 @@ def test_forecasts_equal_the_official_package_on_the_same_weights(tmp_path):
     assert max(worst) < PARITY_ATOL, worst
 
 
+def test_the_rendered_image_is_the_official_one():
+    """The visible part of the MAE's input, rendered with F.interpolate, against the official
+    torchvision ``Resize(antialias=False)`` render (its hidden patches shown as -2)."""
+    arrays = np.load(FIXTURE / "forecasts.npz")
+    for i in range(3):
+        context, horizon, period = (int(v) for v in arrays[f"case_{i}"])
+        layout = ImageLayout(SHAPE["image_size"], SHAPE["patch_size"], context, horizon, period)
+        values, _, _ = normalise(torch.from_numpy(arrays[f"context_{i}"]))
+        ours = render(values, layout)
+        official = torch.from_numpy(arrays[f"image_{i}"])
+        width = layout.visible_width
+        assert (official[..., width:] == -2).all()
+        torch.testing.assert_close(ours[:, 0, :, :width], official[..., :width], rtol=0, atol=1e-6)
+
+
 def test_the_layout_is_the_official_update_config_s():
     """224-pixel image, 16-pixel patches (the published base): context 96, horizon 24, period 24
     gives 4 periods in 4 visible patch columns (int(96/120 x 14 x 0.4) = 4) of 64 pixels, read
