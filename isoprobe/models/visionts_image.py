@@ -52,7 +52,8 @@ class ImageLayout:
     def __post_init__(self) -> None:
         if self.periodicity < 1:
             raise ValueError(
-                f"the period must be a positive number of steps, not {self.periodicity}"
+                f"VisionTS's period must be a whole number of steps >= 1, got {self.periodicity}: "
+                "set model.periodicity (null takes the data's season_length)"
             )
 
     @property

@@ -203,6 +203,8 @@ def test_the_period_is_the_data_s_season_unless_set():
     model = build("scratch", 96, 24, None, season_length=24)
     assert model.layout.periodicity == 24
     assert build("scratch", 96, 24, 12, season_length=24).layout.periodicity == 12
+    with pytest.raises(ValueError, match=r"period must be .* >= 1, got 0: set model.periodicity"):
+        build("scratch", 96, 24, 0)
 
 
 def test_a_horizon_the_image_cannot_hold_is_refused():
