@@ -17,6 +17,12 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
   category each), its quantile heads; 144 / 48.
 - PatchTST: ``PatchTSTForPrediction.generate``; 512 / 64 (the bundled model's lengths); its
   MSE head gives one point, which is every quantile on both sides.
+- VisionTS: the ``visionts`` package's ``VisionTS`` (its MAE swapped for one of isoprobe's
+  ``mini`` shape with the same random weights: isoprobe ships no VisionTS checkpoint, so both
+  sides use ``model.checkpoint=scratch``); 144 / 48 at the data's season length (48, half-hourly);
+  one point, every quantile.
+  The package needs torchvision, whose wheel does not load beside isoprobe's CPU torch: where
+  ``visionts`` does not import, the row times isoprobe alone (official columns ``nan``).
 
 isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.tasks.runner.build_model``
 builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
@@ -69,6 +75,7 @@ LENGTHS = {
     "moirai": (144, 48),
     "timesfm": (144, 48),
     "patchtst": (512, 64),
+    "visionts": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -86,9 +93,12 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     ],
     "timesfm": lambda m: [m.model.decoder, m.model.horizon_ff_layer],
     "patchtst": lambda m: [m.model],
+    "visionts": lambda m: [m.mae],
 }
 #: cases that are not a model config of their own: their model overrides
 MODEL = {"chronos_generate": ["model=chronos", "model.sampler=generate"]}
+#: models without a bundled checkpoint: the weights both sides use
+CHECKPOINT = {"visionts": "scratch"}
 #: per model: functions (module, name) that are network steps called outside a module forward
 FUNCTIONS = {"chronos": [(t5_sampling, "decode_step")]}
 SEED = 0
@@ -188,6 +198,41 @@ def official_patchtst(module) -> Official:
     return predict
 
 
+def official_visionts(module) -> Official | None:
+    """The ``visionts`` package's forecast with ``module``'s MAE weights (published layout), or
+    None where the package (and so torchvision) does not import."""
+    try:
+        from visionts import VisionTS, models_mae
+    except (ImportError, RuntimeError):
+        return None
+    from functools import partial
+
+    from isoprobe.models.visionts_mae import to_published
+
+    shape = module.mae.shape
+    model = VisionTS(load_ckpt=False)
+    model.vision_model = models_mae.MaskedAutoencoderViT(
+        img_size=shape.image_size,
+        patch_size=shape.patch_size,
+        embed_dim=shape.width,
+        depth=shape.depth,
+        num_heads=shape.heads,
+        decoder_embed_dim=shape.decoder_width,
+        decoder_depth=shape.decoder_depth,
+        decoder_num_heads=shape.decoder_heads,
+        mlp_ratio=shape.mlp_ratio,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+    )
+    model.vision_model.load_state_dict(to_published(module.mae.state_dict()))
+    model.update_config(module.context_length, module.prediction_length, module.periodicity)
+    model.eval()
+
+    def predict(context: Tensor) -> Tensor:
+        return model(context[..., None])[..., 0][:, None].expand(-1, len(LEVELS), -1)
+
+    return predict
+
+
 #: per model: its name in the table and the builder of its official forecast
 CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "chronos": ("Chronos-T5", official_chronos),
@@ -197,6 +242,7 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "moirai": ("Moirai", official_moirai),
     "timesfm": ("TimesFM", official_timesfm),
     "patchtst": ("PatchTST", official_patchtst),
+    "visionts": ("VisionTS", official_visionts),
 }
 
 
@@ -208,7 +254,7 @@ def build(name: str, out: str):
             "config",
             overrides=MODEL.get(name, [f"model={name}"])
             + [
-                "model.checkpoint=bundled",
+                f"model.checkpoint={CHECKPOINT.get(name, 'bundled')}",
                 "data=energy",
                 f"data.context_length={context}",
                 f"data.prediction_length={horizon}",
@@ -288,11 +334,17 @@ def compare(name: str, rounds: int, out: str) -> dict:
             return official(context)
 
     _, our_out = timed(ours)
-    _, their_out = timed(theirs)
-    our_times, their_times, our_wql, their_wql = [], [], [], []
+    sides = [(ours, [], [])]
+    if official is None:
+        their_out = torch.full_like(our_out, float("nan"))
+        sides.append((lambda: their_out, [], []))
+    else:
+        _, their_out = timed(theirs)
+        sides.append((theirs, [], []))
+    (_, our_times, our_wql), (_, their_times, their_wql) = sides
     target = batch["target"]
     for round_ in range(rounds):
-        for call, times, losses in ((theirs, their_times, their_wql), (ours, our_times, our_wql)):
+        for call, times, losses in reversed(sides):
             seconds, quantiles = timed(call, SEED + round_)
             times.append(seconds)
             losses.append(wql(quantiles, target, LEVELS).item())
@@ -301,7 +353,7 @@ def compare(name: str, rounds: int, out: str) -> dict:
         "model": title,
         "windows": f"{len(context)} x {context.shape[1]}/{module.prediction_length}",
         "isoprobe": min(our_times),
-        "official": min(their_times),
+        "official": min(their_times) if official is not None else float("nan"),
         "agreement": (our_out - their_out).abs().max().item(),
         "wql": (sum(our_wql) / rounds, their_mean),
         "seed_spread": (max(their_wql) - min(their_wql)) / their_mean,

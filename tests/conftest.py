@@ -66,6 +66,11 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.intermediate_size=32",
         "model.sizes.mini.head_dim=8",
     ],
+    "visionts": [
+        "model.sizes.mini.width=32",
+        "model.sizes.mini.depth=2",
+        "model.sizes.mini.decoder_depth=1",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

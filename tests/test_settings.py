@@ -57,7 +57,9 @@ def test_every_violation_is_named_in_one_message(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("model", ["chronos", "chronos_bolt", "patchtst", "moirai", "llm"])
+@pytest.mark.parametrize(
+    "model", ["chronos", "chronos_bolt", "patchtst", "moirai", "llm", "visionts"]
+)
 def test_the_shipped_defaults_are_in_range(tmp_path, model):
     check_settings(config(tmp_path, f"model={model} regularizer=isotropy"))
 

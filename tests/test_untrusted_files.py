@@ -265,6 +265,41 @@ def test_lag_llama_directory_with_pickled_weights_is_refused_and_runs_nothing(tm
     assert not marker.exists()
 
 
+# -- VisionTS: the published mae_visualize_vit_*.pth and exported directories ----------------
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_visionts_pth_with_a_pickled_payload_is_refused_and_runs_nothing(tmp_path, legacy):
+    """A ``{'model': ...}`` file as the published ones are, whose state dict holds a payload:
+    ``torch.save``'s zip archive, or the bare pickle of torch's legacy format."""
+    marker, path = tmp_path / "ran", tmp_path / "mae_visualize_vit_base.pth"
+    if legacy:
+        path.write_bytes(payload(marker))
+    else:
+        torch.save({"model": {"cls_token": TouchOnLoad(marker)}}, path)
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        build(tmp_path, "visionts", str(path))
+    assert not marker.exists()
+
+
+def test_visionts_export_with_a_pickled_payload_is_refused_and_runs_nothing(tmp_path):
+    marker, directory = tmp_path / "ran", tmp_path / "export"
+    build(tmp_path, "visionts", "scratch").export(str(directory))
+    torch.save({"model": {"cls_token": TouchOnLoad(marker)}}, directory / "model.pth")
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        build(tmp_path, "visionts", str(directory))
+    assert not marker.exists()
+
+
+def test_visionts_export_config_with_other_keys_is_refused(tmp_path):
+    directory = tmp_path / "export"
+    build(tmp_path, "visionts", "scratch").export(str(directory))
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "_target_": "os.system"}))
+    with pytest.raises(CheckpointError, match=r"not a VisionTS export: it needs exactly the keys"):
+        build(tmp_path, "visionts", str(directory))
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 
