@@ -265,6 +265,54 @@ def test_lag_llama_directory_with_pickled_weights_is_refused_and_runs_nothing(tm
     assert not marker.exists()
 
 
+# -- TOTEM: the published tokenizers are whole-module pickles ---------------------------------
+
+
+@pytest.fixture
+def official_totem_module(monkeypatch):
+    """A module importable as TOTEM's ``lib.models.vqvae``, with a stand-in ``vqvae`` class of
+    the official qualified name, so that ``torch.save`` writes the pickle a TOTEM file has."""
+    import sys
+    import types
+
+    modules = {name: types.ModuleType(name) for name in ("lib", "lib.models", "lib.models.vqvae")}
+
+    class vqvae(torch.nn.Module):  # noqa: N801 (the official class name)
+        def __init__(self, marker: pathlib.Path) -> None:
+            super().__init__()
+            self.compression_factor = 4
+            self.encoder = torch.nn.Conv1d(1, 2, 3)
+            self.hook = TouchOnLoad(marker)
+
+    vqvae.__module__, vqvae.__qualname__ = "lib.models.vqvae", "vqvae"
+    modules["lib.models.vqvae"].vqvae = vqvae
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return vqvae
+
+
+def test_totem_pickle_naming_a_global_outside_the_allow_list_is_refused(
+    tmp_path, official_totem_module
+):
+    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+
+    marker, path = tmp_path / "ran", tmp_path / "totem.pth"
+    torch.save(official_totem_module(marker), path)
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}, which is not on the allow"):
+        load_totem_tokenizer(path)
+    assert not marker.exists()
+
+
+def test_totem_legacy_pickle_file_is_refused_and_runs_nothing(tmp_path):
+    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+
+    marker, path = tmp_path / "ran", tmp_path / "totem.pth"
+    path.write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        load_totem_tokenizer(path)
+    assert not marker.exists()
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 
