@@ -1,4 +1,5 @@
-"""What ``run.py`` dispatches to: finetune | probe | pretrain | compress | analyze."""
+"""What ``run.py`` dispatches to: finetune | probe | pretrain | compress | analyze |
+embedding_spectra."""
 
 from isoprobe.tasks.runner import TASKS, build_model, run_task
 from isoprobe.tasks.user_errors import exit_on_user_error

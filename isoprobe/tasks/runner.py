@@ -34,6 +34,7 @@ from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.settings import check_settings
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.compress import compress_settings, run_compress
+from isoprobe.tasks.embedding_spectra import run_embedding_spectra
 from isoprobe.tasks.loggers import (
     build_loggers,
     continue_wandb_run,
@@ -53,7 +54,9 @@ from isoprobe.tasks.summary import format_summary
 
 log = logging.getLogger(__name__)
 
-TASKS = ("finetune", "probe", "pretrain", "compress", "analyze")
+#: the tasks that build no data module, model or trainer of their own: name -> what runs them
+STANDALONE_TASKS = {"analyze": run_analyze, "embedding_spectra": run_embedding_spectra}
+TASKS = ("finetune", "probe", "pretrain", "compress", *STANDALONE_TASKS)
 #: the tasks that train, and so need training windows
 TRAINING_TASKS = ("finetune", "pretrain")
 
@@ -110,8 +113,8 @@ def run_task(cfg: DictConfig) -> dict[str, Any]:
     if cfg.task.name not in TASKS:
         raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {TASKS}")
     check_settings(cfg)  # every numeric setting, before data, weights or outputs
-    if cfg.task.name == "analyze":
-        return run_analyze(cfg)
+    if cfg.task.name in STANDALONE_TASKS:
+        return STANDALONE_TASKS[cfg.task.name](cfg)
     if cfg.task.name == "compress":
         compress_settings(cfg.compress)  # a wrong setting fails before data and model load
         if cfg.model.get("adapt", "full") == "lora":
