@@ -54,13 +54,17 @@ def _checkpoint(checkpoint: str, hub_id: str, what: str) -> Any:
 class TotemEmbedder:
     """TOTEM's embedded inputs: each token's codeword (:meth:`TotemTokenizer.embed`) of every
     series, normalised per window as TOTEM's pipeline does (RevIN). ``checkpoint``: ``scratch``
-    (the official initialisation, shape ``config``) or the path of a published tokenizer file
-    (read by :func:`~isoprobe.models.totem_checkpoint.load_totem_tokenizer`)."""
+    (the official initialisation, shape ``config``, drawn with ``seed``) or the path of a
+    published tokenizer file (read by
+    :func:`~isoprobe.models.totem_checkpoint.load_totem_tokenizer`)."""
 
     modality = "time series"
 
-    def __init__(self, checkpoint: str = "scratch", config: dict | None = None) -> None:
+    def __init__(
+        self, checkpoint: str = "scratch", config: dict | None = None, seed: int = 0
+    ) -> None:
         if checkpoint == "scratch":
+            torch.manual_seed(seed)
             self.tokenizer = TotemTokenizer(TotemConfig(**(config or {}))).eval()
         else:
             self.tokenizer = load_totem_tokenizer(checkpoint)
