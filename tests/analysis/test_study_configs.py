@@ -7,9 +7,15 @@ import pytest
 from isoprobe.models.compression import flow_of_ranks_schedule
 from tests.conftest import CONFIG_DIR, compose_config
 
+#: the studies that are one run writing their own report, not a sweep and its analysis
+ONE_RUN_STUDIES = {"rank/embedding_spectra": "embedding_spectra"}
 STUDIES = sorted(
-    str(p.relative_to(CONFIG_DIR / "experiment").with_suffix(""))
-    for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
+    study
+    for study in (
+        str(p.relative_to(CONFIG_DIR / "experiment").with_suffix(""))
+        for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
+    )
+    if study not in ONE_RUN_STUDIES
 )
 
 
@@ -29,6 +35,14 @@ def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(
                 if key == "model":
                     name = value.split("/")[-1].removesuffix("_from_scratch")
                     assert composed.model.name == name
+
+
+@pytest.mark.parametrize("study", sorted(ONE_RUN_STUDIES))
+def test_a_one_run_study_composes_into_its_task_without_a_sweep(tmp_path, study):
+    cfg = compose_config(tmp_path, [f"experiment={study}"])
+    assert (CONFIG_DIR / "experiment" / f"{study}.yaml").is_file()
+    assert cfg.task.name == ONE_RUN_STUDIES[study]
+    assert not cfg.hydra.sweeper.params and "analyze" not in (cfg.hydra.callbacks or {})
 
 
 def test_the_context_length_study_runs_each_models_own_arm(tmp_path):
