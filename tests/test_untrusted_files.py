@@ -313,6 +313,21 @@ def test_totem_legacy_pickle_file_is_refused_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+def test_image_baseline_directory_with_pickled_weights_is_refused_and_runs_nothing(tmp_path):
+    """experiment=rank/embedding_spectra's ViT reads a local directory through the project's
+    loader: a ``pytorch_model.bin`` holding a payload is refused by its global."""
+    from transformers import ViTConfig
+
+    from isoprobe.spectra.baselines import VitImageEmbedder
+
+    marker, directory = tmp_path / "ran", tmp_path / "vit"
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1).save_pretrained(directory)
+    (directory / "pytorch_model.bin").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=REFUSED):
+        VitImageEmbedder(checkpoint=str(directory), images=1)
+    assert not marker.exists()
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 

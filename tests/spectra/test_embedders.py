@@ -106,3 +106,17 @@ def test_the_experiment_runs_end_to_end_on_tiny_settings(tmp_path):
         assert values.iloc[0] == 1.0 and (values.diff().dropna() <= 0).all()
     report = (tmp_path / "report.html").read_text()
     assert "rank_eps0.01" in report and "data:image/png;base64" in report
+
+
+def test_vit_loads_a_local_checkpoint_directory(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(1)
+    config = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1)
+    saved = ViTModel(config, add_pooling_layer=False)
+    saved.save_pretrained(tmp_path)
+    embedder = VitImageEmbedder(checkpoint=str(tmp_path), images=1)
+    with torch.no_grad():
+        expected = saved.embeddings(embedder.pixels)[:, 1:].reshape(-1, 8)
+    assert torch.equal(embedder.embedded_inputs(None), expected)
+    assert embedder.source == f"path:{tmp_path.resolve()}"
