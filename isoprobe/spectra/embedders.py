@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from callbacks.collect import _capture_outputs, _inference_mode_of, _masked_rows
+from isoprobe.callbacks.collect import _capture_outputs, _inference_mode_of, _masked_rows
 from isoprobe.models.base import ForecastModule
 
 #: the layer whose output is the embedded inputs (the contract's "embed", what block 0 reads)
