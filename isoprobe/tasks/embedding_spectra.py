@@ -38,6 +38,24 @@ def _epsilons(options: DictConfig) -> list[float]:
     return [float(v) for v in values]
 
 
+def _check_projected(options: DictConfig) -> list[str]:
+    """The names of panels (b, c), each one of the systems listed (checked before any loads)."""
+    listed = [
+        name
+        for group in ("models", "embedders")
+        for name, entry in (options.get(group) or {}).items()
+        if entry is not None
+    ]
+    projected = list(options.projected)
+    unknown = [name for name in projected if name not in listed]
+    if unknown:
+        raise SettingsError(
+            f"embedding_spectra.projected names {unknown}, which embedding_spectra.models and "
+            f".embedders do not list; choose among {listed}"
+        )
+    return projected
+
+
 def embedders(options: DictConfig) -> dict[str, InputEmbedder]:
     """Every system the config lists, by name: the models, then the other embedders (an entry
     set to null is left out)."""
@@ -62,6 +80,7 @@ def embedders(options: DictConfig) -> dict[str, InputEmbedder]:
 def run_embedding_spectra(cfg: DictConfig) -> dict[str, Any]:
     options = cfg.embedding_spectra
     epsilons = _epsilons(options)
+    projected = _check_projected(options)
     output = Path(cfg.paths.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     with run_directory_lock(output):
@@ -91,9 +110,7 @@ def run_embedding_spectra(cfg: DictConfig) -> dict[str, Any]:
             f"first {options.context_length} steps as the context. Each model's embedded inputs "
             f"are at most {options.max_tokens} of its tokens (a seeded subset), not centred.",
         ]
-        paths = write_outputs(
-            output, spectra, modalities, sources, epsilons, list(options.projected), notes
-        )
+        paths = write_outputs(output, spectra, modalities, sources, epsilons, projected, notes)
     for kind, path in paths.items():
         log.info("%s: %s", kind, path)
     return {"outputs": {k: str(v) for k, v in paths.items()}, "seconds": seconds}

@@ -120,3 +120,20 @@ def test_vit_loads_a_local_checkpoint_directory(tmp_path):
         expected = saved.embeddings(embedder.pixels)[:, 1:].reshape(-1, 8)
     assert torch.equal(embedder.embedded_inputs(None), expected)
     assert embedder.source == f"path:{tmp_path.resolve()}"
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("embedding_spectra.epsilon=[0.01,2]", r"epsilon must be numbers in \(0, 1\]"),
+        ("embedding_spectra.projected=[chronos,wavetoken]", r"projected names \['wavetoken'\]"),
+        ("embedding_spectra.per_family=0", "embedding_spectra.per_family must be"),
+    ],
+)
+def test_settings_out_of_place_are_refused_before_anything_loads(tmp_path, override, named):
+    from isoprobe.settings import SettingsError
+
+    cfg = compose_config(tmp_path, ["experiment=rank/embedding_spectra", override])
+    with pytest.raises(SettingsError, match=named):
+        run_task(cfg)
+    assert not (tmp_path / "epsilon_ranks.csv").exists()
