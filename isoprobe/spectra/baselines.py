@@ -34,6 +34,7 @@ from isoprobe.models.checkpoints import (
 )
 from isoprobe.models.totem import TotemConfig, TotemTokenizer
 from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+from isoprobe.spectra.embedders import EmbeddedInputs
 
 #: the words and the punctuation of English prose, a token each (the scratch T5's vocabulary)
 WORD = re.compile(r"\w+|[^\w\s]")
@@ -70,12 +71,13 @@ class TotemEmbedder:
             self.tokenizer = load_totem_tokenizer(checkpoint)
         self.source = checkpoint
 
-    def embedded_inputs(self, series: Tensor) -> Tensor:
+    def embedded_inputs(self, series: Tensor) -> EmbeddedInputs:
         factor = self.tokenizer.config.compression_factor
         usable = series[:, : series.shape[1] - series.shape[1] % factor]
         with torch.no_grad():
             embedded = self.tokenizer.embed(self.tokenizer.normalise(usable))
-        return embedded.reshape(-1, embedded.shape[-1])
+        index = torch.arange(series.shape[0]).repeat_interleave(embedded.shape[1])
+        return EmbeddedInputs(embedded.reshape(-1, embedded.shape[-1]), index)
 
 
 def default_text() -> str:
@@ -136,9 +138,9 @@ class T5TextEmbedder:
             self.ids = torch.tensor(tokenizer(text)["input_ids"][:max_tokens])
         self.source = resolved.describe()
 
-    def embedded_inputs(self, series: Tensor) -> Tensor:
+    def embedded_inputs(self, series: Tensor) -> EmbeddedInputs:
         with torch.no_grad():
-            return self.embedding(self.ids)
+            return EmbeddedInputs(self.embedding(self.ids))
 
 
 def image_crops(count: int, size: int, seed: int) -> Tensor:
@@ -199,11 +201,11 @@ class VitImageEmbedder:
         self.batch_size = batch_size
         self.source = resolved.describe()
 
-    def embedded_inputs(self, series: Tensor) -> Tensor:
+    def embedded_inputs(self, series: Tensor) -> EmbeddedInputs:
         with torch.no_grad():
             parts = [
                 self.embeddings(self.pixels[i : i + self.batch_size])[:, 1:]
                 for i in range(0, self.pixels.shape[0], self.batch_size)
             ]
         embedded = torch.cat(parts)
-        return embedded.reshape(-1, embedded.shape[-1])
+        return EmbeddedInputs(embedded.reshape(-1, embedded.shape[-1]))

@@ -5,6 +5,7 @@ class. Every embedder gives the embedded inputs Ξ [n tokens, d]."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Protocol
 
@@ -19,15 +20,24 @@ from isoprobe.models.base import ForecastModule
 EMBED_LAYER = "embed"
 
 
+@dataclass(frozen=True)
+class EmbeddedInputs:
+    """Ξ [n, d] and, for a system that reads the signals, which series each row came from [n]
+    (None for a baseline of another modality)."""
+
+    rows: Tensor
+    series_index: Tensor | None = None
+
+
 class InputEmbedder(Protocol):
     """``modality``: what the system reads (``time series``, ``text``, ``image``);
-    ``embedded_inputs(series)``: Ξ [n, d]; a baseline of another modality ignores ``series``
-    and embeds its own inputs."""
+    ``source``: its weights; ``embedded_inputs(series)``: its embedded inputs of the signals
+    ``series`` [N, T] (a baseline of another modality ignores them and embeds its own)."""
 
     modality: str
     source: str
 
-    def embedded_inputs(self, series: Tensor) -> Tensor: ...
+    def embedded_inputs(self, series: Tensor) -> EmbeddedInputs: ...
 
 
 def signal_batch(series: Tensor, horizon: int) -> dict[str, Tensor]:
@@ -73,16 +83,18 @@ class ForecasterEmbedder:
     def source(self) -> str:
         return self.model.resolved_checkpoint.describe() if self.model else "not built"
 
-    def embedded_inputs(self, series: Tensor) -> Tensor:
+    def embedded_inputs(self, series: Tensor) -> EmbeddedInputs:
         model = self._model(series.shape[1] - self.horizon)
         layers = {EMBED_LAYER: model.probe_layers("block")[EMBED_LAYER]}
-        rows = []
+        rows, counts = [], []
         with _inference_mode_of(model), _capture_outputs(layers) as captured:
             for start in range(0, series.shape[0], self.batch_size):
                 batch = signal_batch(series[start : start + self.batch_size], self.horizon)
                 captured[EMBED_LAYER].clear()
                 model.probe_forward(batch)
                 mask = model.token_masks(batch, [EMBED_LAYER])[EMBED_LAYER]
-                kept, _ = _masked_rows(EMBED_LAYER, captured[EMBED_LAYER], mask)
+                kept, per_window = _masked_rows(EMBED_LAYER, captured[EMBED_LAYER], mask)
                 rows.append(kept.float())
-        return torch.cat(rows)
+                counts += per_window
+        index = torch.arange(len(counts)).repeat_interleave(torch.tensor(counts))
+        return EmbeddedInputs(torch.cat(rows), index)

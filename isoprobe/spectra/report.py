@@ -57,9 +57,11 @@ def draw_figure(
     spectra: Mapping[str, EmbeddingSpectrum],
     modalities: Mapping[str, str],
     projected: Sequence[str],
+    labels: Mapping[str, Sequence[str]],
     path: Path,
 ) -> Path:
-    """Panel (a) and one projection panel per name in ``projected`` that was embedded."""
+    """Panel (a) and one projection panel per name in ``projected``, its points coloured by
+    the signal family they came from where ``labels`` has the rows' families."""
     shown = [name for name in projected if name in spectra]
     fig = plt.figure(figsize=(6.0 + 3.2 * len(shown), 4.2), layout="constrained")
     grid = fig.add_gridspec(1, 1 + len(shown), width_ratios=[1.9] + [1.0] * len(shown))
@@ -86,7 +88,21 @@ def draw_figure(
     for k, name in enumerate(shown):
         panel = fig.add_subplot(grid[k + 1])
         points = spectra[name].projection.numpy()
-        panel.scatter(points[:, 0], points[:, 1], s=3, alpha=0.35, linewidths=0)
+        groups = labels.get(name)
+        if groups is None:
+            panel.scatter(points[:, 0], points[:, 1], s=3, alpha=0.35, linewidths=0)
+        else:
+            for family in dict.fromkeys(groups):
+                chosen = [i for i, g in enumerate(groups) if g == family]
+                panel.scatter(
+                    points[chosen, 0],
+                    points[chosen, 1],
+                    s=3,
+                    alpha=0.45,
+                    linewidths=0,
+                    label=family.replace("_", " "),
+                )
+            panel.legend(fontsize=7, markerscale=3, frameon=False)
         panel.set(
             xlabel="1st singular vector",
             ylabel="2nd singular vector",
@@ -104,6 +120,7 @@ def write_outputs(
     sources: Mapping[str, str],
     epsilons: Sequence[float],
     projected: Sequence[str],
+    labels: Mapping[str, Sequence[str]],
     notes: Sequence[str],
 ) -> dict[str, Path]:
     ranks = rank_table(spectra, modalities, sources, epsilons)
@@ -115,10 +132,11 @@ def write_outputs(
     }
     ranks.to_csv(paths["epsilon_ranks"], index=False)
     singular_value_table(spectra).to_csv(paths["singular_values"], index=False)
-    draw_figure(spectra, modalities, projected, paths["figure"])
+    draw_figure(spectra, modalities, projected, labels, paths["figure"])
     caption = (
         "(a) σᵢ/σ₁ of each model's embedded inputs (time-series models solid, text dashed, "
-        "images dotted); (b, c) embedded inputs projected on their two leading singular vectors"
+        "images dotted); (b, c) embedded inputs projected on their two leading singular vectors, "
+        "coloured by the signal family they came from where they read the signals"
     )
     write_report(
         paths["report"],

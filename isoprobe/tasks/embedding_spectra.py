@@ -85,13 +85,15 @@ def run_embedding_spectra(cfg: DictConfig) -> dict[str, Any]:
     output.mkdir(parents=True, exist_ok=True)
     with run_directory_lock(output):
         length = options.context_length + options.prediction_length
-        series, _ = diverse_signals(options.per_family, length, options.seed)
-        spectra, modalities, sources, seconds = {}, {}, {}, {}
+        series, families = diverse_signals(options.per_family, length, options.seed)
+        spectra, modalities, sources, seconds, labels = {}, {}, {}, {}, {}
         for name, embedder in embedders(options).items():
             start = time.perf_counter()
             embedded = embedder.embedded_inputs(series)
-            keep = subsample_indices(embedded.shape[0], options.max_tokens, options.seed)
-            spectra[name] = embedding_spectrum(embedded[keep])
+            keep = subsample_indices(len(embedded.rows), options.max_tokens, options.seed)
+            spectra[name] = embedding_spectrum(embedded.rows[keep])
+            if embedded.series_index is not None:
+                labels[name] = [families[i] for i in embedded.series_index[keep].tolist()]
             modalities[name], sources[name] = embedder.modality, embedder.source
             seconds[name] = time.perf_counter() - start
             log.info(
@@ -100,8 +102,8 @@ def run_embedding_spectra(cfg: DictConfig) -> dict[str, Any]:
                 embedder.modality,
                 embedder.source,
                 len(keep),
-                embedded.shape[0],
-                embedded.shape[1],
+                len(embedded.rows),
+                embedded.rows.shape[1],
                 seconds[name],
             )
         notes = [
@@ -110,7 +112,9 @@ def run_embedding_spectra(cfg: DictConfig) -> dict[str, Any]:
             f"first {options.context_length} steps as the context. Each model's embedded inputs "
             f"are at most {options.max_tokens} of its tokens (a seeded subset), not centred.",
         ]
-        paths = write_outputs(output, spectra, modalities, sources, epsilons, projected, notes)
+        paths = write_outputs(
+            output, spectra, modalities, sources, epsilons, projected, labels, notes
+        )
     for kind, path in paths.items():
         log.info("%s: %s", kind, path)
     return {"outputs": {k: str(v) for k, v in paths.items()}, "seconds": seconds}

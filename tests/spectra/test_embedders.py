@@ -23,10 +23,12 @@ def test_a_models_rows_are_its_real_embed_tokens_whatever_the_batching(tmp_path)
     series, _ = diverse_signals(2, 80, seed=0)
     series[0, :20] = float("nan")  # left padding: those patches are not real tokens
     embedder = ForecasterEmbedder(cfg.model, horizon=16, batch_size=6)
-    whole = embedder.embedded_inputs(series)
+    embedded = embedder.embedded_inputs(series)
+    whole = embedded.rows
     embedder.batch_size = 1
-    assert torch.allclose(whole, embedder.embedded_inputs(series), atol=1e-6)
+    assert torch.allclose(whole, embedder.embedded_inputs(series).rows, atol=1e-6)
     masks = embedder.model.token_masks(signal_batch(series, 16), [EMBED_LAYER])[EMBED_LAYER]
+    assert torch.equal(torch.bincount(embedded.series_index), masks.flatten(1).sum(1))
     assert whole.shape == (int(masks.sum()), embedder.model.model.config.d_model)
     assert int(masks[0].sum()) < int(masks[1].sum())
 
@@ -34,8 +36,10 @@ def test_a_models_rows_are_its_real_embed_tokens_whatever_the_batching(tmp_path)
 def test_totem_rows_are_codewords_one_per_compressed_step():
     embedder = TotemEmbedder(config=TINY_TOTEM)
     series, _ = diverse_signals(2, 64, seed=0)
-    rows = embedder.embedded_inputs(series)
+    embedded = embedder.embedded_inputs(series)
+    rows = embedded.rows
     assert rows.shape == (6 * 64 // 4, 6)
+    assert torch.equal(embedded.series_index, torch.arange(6).repeat_interleave(16))
     codebook = embedder.tokenizer.quantizer.codebook.weight
     assert (rows[:, None, :] == codebook[None]).all(dim=-1).any(dim=-1).all()
 
@@ -44,7 +48,7 @@ def test_t5_rows_are_one_embedding_per_word(tmp_path):
     text = tmp_path / "prose.txt"
     text.write_text("It was the best of times, it was the worst of times.", encoding="utf-8")
     embedder = T5TextEmbedder(text_file=str(text), d_model=16)
-    rows = embedder.embedded_inputs(None)
+    rows = embedder.embedded_inputs(None).rows
     words = ["It", "was", "the", "best", "of", "times", ",", "it", "was", "the", "worst", "of"]
     words += ["times", "."]
     assert rows.shape == (len(words), 16)
@@ -57,13 +61,13 @@ def test_t5_rows_are_one_embedding_per_word(tmp_path):
 
 
 def test_default_text_is_english_prose_that_ships_here():
-    rows = T5TextEmbedder(d_model=8, max_tokens=5000).embedded_inputs(None)
+    rows = T5TextEmbedder(d_model=8, max_tokens=5000).embedded_inputs(None).rows
     assert rows.shape == (5000, 8)
 
 
 def test_vit_rows_are_the_patch_embeddings_with_positions_without_cls():
     embedder = VitImageEmbedder(images=2, hidden_size=24)
-    rows = embedder.embedded_inputs(None)
+    rows = embedder.embedded_inputs(None).rows
     assert rows.shape == (2 * 196, 24)
     embeddings = embedder.embeddings
     with torch.no_grad():
@@ -118,7 +122,7 @@ def test_vit_loads_a_local_checkpoint_directory(tmp_path):
     embedder = VitImageEmbedder(checkpoint=str(tmp_path), images=1)
     with torch.no_grad():
         expected = saved.embeddings(embedder.pixels)[:, 1:].reshape(-1, 8)
-    assert torch.equal(embedder.embedded_inputs(None), expected)
+    assert torch.equal(embedder.embedded_inputs(None).rows, expected)
     assert embedder.source == f"path:{tmp_path.resolve()}"
 
 
