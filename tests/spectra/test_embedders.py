@@ -141,3 +141,25 @@ def test_settings_out_of_place_are_refused_before_anything_loads(tmp_path, overr
     with pytest.raises(SettingsError, match=named):
         run_task(cfg)
     assert not (tmp_path / "epsilon_ranks.csv").exists()
+
+
+def test_t5_reads_a_local_checkpoint_with_its_own_tokenizer(tmp_path):
+    """A directory laid out as google-t5/t5-small is (the whole seq2seq model and a tokenizer):
+    the rows are the checkpoint's shared embedding at the tokenizer's ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+
+    words = ["<pad>", "</s>", "<unk>", "it", "was", "the", "best", "of", "times", ","]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>")
+    tokenizer.save_pretrained(tmp_path)
+    torch.manual_seed(2)
+    config = T5Config(vocab_size=len(words), d_model=8, d_kv=4, d_ff=8, num_heads=2, num_layers=1)
+    saved = T5ForConditionalGeneration(config)
+    saved.save_pretrained(tmp_path)
+    text = tmp_path / "prose.txt"
+    text.write_text("it was the best of times , it was", encoding="utf-8")
+    rows = T5TextEmbedder(checkpoint=str(tmp_path), text_file=str(text)).embedded_inputs(None).rows
+    ids = torch.tensor([3, 4, 5, 6, 7, 8, 9, 3, 4])
+    assert torch.equal(rows, saved.shared.weight.detach()[ids])
