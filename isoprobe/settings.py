@@ -101,6 +101,14 @@ SCHEMA: Mapping[str, Mapping[str, Range]] = {
     "callbacks.isotropy": PROBE,
     "callbacks.rank": PROBE,
     "regularizer": {"weight": number(0, 1e6)},
+    "embedding_spectra": {
+        "per_family": whole(1, MAX_COUNT),
+        "context_length": whole(2, 100_000),
+        "prediction_length": whole(1, 100_000),
+        "batch_size": BATCH,
+        "max_tokens": whole(2, 10 * MAX_COUNT),
+        "seed": whole(0, 2**32 - 1),
+    },
     "analyze": {
         "n_boot": whole(0, 100_000),
         "n_perm": whole(0, 100_000),

@@ -300,6 +300,69 @@ def test_visionts_export_config_with_other_keys_is_refused(tmp_path):
         build(tmp_path, "visionts", str(directory))
 
 
+# -- TOTEM: the published tokenizers are whole-module pickles ---------------------------------
+
+
+@pytest.fixture
+def official_totem_module(monkeypatch):
+    """A module importable as TOTEM's ``lib.models.vqvae``, with a stand-in ``vqvae`` class of
+    the official qualified name, so that ``torch.save`` writes the pickle a TOTEM file has."""
+    import sys
+    import types
+
+    modules = {name: types.ModuleType(name) for name in ("lib", "lib.models", "lib.models.vqvae")}
+
+    class vqvae(torch.nn.Module):  # noqa: N801 (the official class name)
+        def __init__(self, marker: pathlib.Path) -> None:
+            super().__init__()
+            self.compression_factor = 4
+            self.encoder = torch.nn.Conv1d(1, 2, 3)
+            self.hook = TouchOnLoad(marker)
+
+    vqvae.__module__, vqvae.__qualname__ = "lib.models.vqvae", "vqvae"
+    modules["lib.models.vqvae"].vqvae = vqvae
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return vqvae
+
+
+def test_totem_pickle_naming_a_global_outside_the_allow_list_is_refused(
+    tmp_path, official_totem_module
+):
+    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+
+    marker, path = tmp_path / "ran", tmp_path / "totem.pth"
+    torch.save(official_totem_module(marker), path)
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}, which is not on the allow"):
+        load_totem_tokenizer(path)
+    assert not marker.exists()
+
+
+def test_totem_legacy_pickle_file_is_refused_and_runs_nothing(tmp_path):
+    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+
+    marker, path = tmp_path / "ran", tmp_path / "totem.pth"
+    path.write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=f"pickles {REFUSED}"):
+        load_totem_tokenizer(path)
+    assert not marker.exists()
+
+
+def test_image_baseline_directory_with_pickled_weights_is_refused_and_runs_nothing(tmp_path):
+    """experiment=rank/embedding_spectra's ViT reads a local directory through the project's
+    loader: a ``pytorch_model.bin`` holding a payload is refused by its global."""
+    from transformers import ViTConfig
+
+    from isoprobe.spectra.baselines import VitImageEmbedder
+
+    marker, directory = tmp_path / "ran", tmp_path / "vit"
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1).save_pretrained(directory)
+    (directory / "pytorch_model.bin").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=REFUSED):
+        VitImageEmbedder(checkpoint=str(directory), images=1)
+    assert not marker.exists()
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from isoprobe.models.allow_list_pickle import PickledObject
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -42,11 +43,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
-from isoprobe.models.lag_llama_checkpoint import (
-    PickledObject,
-    _AllowListUnpickler,
-    load_official_checkpoint,
-)
+from isoprobe.models.lag_llama_checkpoint import _AllowListUnpickler, load_official_checkpoint
 from isoprobe.models.lag_llama_network import (
     NUM_TIME_FEATURES,
     OFFICIAL_LAG_FREQUENCIES,

@@ -4,36 +4,16 @@ name before anything of it runs) and :func:`load_official_checkpoint`."""
 
 from __future__ import annotations
 
-import collections
 import functools
 import pickle
-import types
 from pathlib import PurePosixPath
 from typing import Any
 
 import torch
 
+from isoprobe.models.allow_list_pickle import TENSOR_GLOBALS, allow_list_pickle
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.lag_llama_network import SCALINGS
-
-
-class PickledObject:
-    """An inert stand-in for a gluonts class that the official checkpoint pickles in its
-    hyperparameters (its ``distr_output``, its loss): it keeps the arguments and state the pickle
-    gives it and runs no code of the original, so loading needs no gluonts and executes none."""
-
-    qualified_name = ""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.kwargs = args, kwargs
-
-    def __setstate__(self, state: Any) -> None:
-        self.state = state
-
-
-@functools.cache
-def _stand_in(module: str, name: str) -> type:
-    return type(name, (PickledObject,), {"qualified_name": f"{module}.{name}"})
 
 
 def _object_new_only(owner: Any, attribute: str) -> Any:
@@ -45,11 +25,8 @@ def _object_new_only(owner: Any, attribute: str) -> Any:
 
 #: (module, name) -> what it unpickles as; pickle protocol 2 writes builtins as __builtin__
 _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
+    **TENSOR_GLOBALS,
     ("functools", "partial"): functools.partial,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
-    ("torch", "Size"): torch.Size,
     ("pathlib", "PosixPath"): PurePosixPath,
     **{
         (module, name): value
@@ -59,31 +36,13 @@ _ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
-class _AllowListUnpickler(pickle.Unpickler):
-    """Unpickles tensors, containers, primitives, ``_ALLOWED_GLOBALS`` and inert stand-ins for
-    gluonts classes; any other global is refused by name before anything of it runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return _ALLOWED_GLOBALS[module, name]
-        if module == "gluonts" or module.startswith("gluonts."):
-            return _stand_in(module, name)
-        raise pickle.UnpicklingError(
-            f"the checkpoint pickles {module}.{name}, which is not on the allow-list"
-        )
-
-
-def _allow_list_load(file: Any, **kwargs: Any) -> Any:
-    """``pickle.load`` through :class:`_AllowListUnpickler`: ``torch.load`` reads a legacy
-    (non-zip) file's header records with its pickle module's ``load``, so that too must be
-    restricted, or a payload in the first record would run before any tensor is read."""
-    return _AllowListUnpickler(file, **kwargs).load()
+def _is_gluonts(module: str, name: str) -> bool:
+    return module == "gluonts" or module.startswith("gluonts.")
 
 
 #: what ``torch.load`` takes as its ``pickle_module``: every read goes through the allow-list
-_allow_list_pickle = types.SimpleNamespace(
-    Unpickler=_AllowListUnpickler, load=_allow_list_load, __name__="isoprobe_allow_list_pickle"
-)
+_allow_list_pickle = allow_list_pickle(_ALLOWED_GLOBALS, _is_gluonts, "the checkpoint")
+_AllowListUnpickler = _allow_list_pickle.Unpickler
 
 
 def load_official_checkpoint(path: str) -> tuple[dict, dict]:

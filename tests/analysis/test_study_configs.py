@@ -8,9 +8,12 @@ from omegaconf import OmegaConf
 from isoprobe.models.compression import flow_of_ranks_schedule
 from tests.conftest import CONFIG_DIR, compose_config
 
+#: the studies that are one run writing their own report, not a sweep and its analysis
+ONE_RUN_STUDIES = {"rank/embedding_spectra": "embedding_spectra"}
 EXPERIMENTS = sorted(
     str(p.relative_to(CONFIG_DIR / "experiment").with_suffix(""))
     for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
+    if str(p.relative_to(CONFIG_DIR / "experiment").with_suffix("")) not in ONE_RUN_STUDIES
 )
 #: searches (hydra/sweeper=optuna) sample their params instead of sweeping a grid
 SEARCHES = [name for name in EXPERIMENTS if name.startswith("search/")]
@@ -54,6 +57,14 @@ def test_every_bound_and_choice_of_a_search_composes_and_it_has_an_objective(tmp
             key = param.key_or_group
             composed = compose_config(tmp_path, [f"experiment={search}", f"{key}={value}"])
             assert OmegaConf.select(composed, key) == pytest.approx(value), key
+
+
+@pytest.mark.parametrize("study", sorted(ONE_RUN_STUDIES))
+def test_a_one_run_study_composes_into_its_task_without_a_sweep(tmp_path, study):
+    cfg = compose_config(tmp_path, [f"experiment={study}"])
+    assert (CONFIG_DIR / "experiment" / f"{study}.yaml").is_file()
+    assert cfg.task.name == ONE_RUN_STUDIES[study]
+    assert not cfg.hydra.sweeper.params and "analyze" not in (cfg.hydra.callbacks or {})
 
 
 def test_the_context_length_study_runs_each_models_own_arm(tmp_path):

@@ -1,0 +1,148 @@
+"""Figure 2's outputs, written into the run directory: ``singular_values.csv`` (σᵢ/σ₁ per model,
+long form), ``epsilon_ranks.csv`` (each model's ε-ranks, tokens and width),
+``embedding_spectra.png`` (panel a: σᵢ/σ₁ against i, every model on one log plot; panels b, c:
+the embedded inputs of two models projected on their two leading singular vectors) and
+``report.html`` (the figure and the table on one page)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from isoprobe.analysis.report import write_report  # noqa: E402
+from isoprobe.spectra.spectrum import EmbeddingSpectrum  # noqa: E402
+
+#: line styles by modality: the time-series models solid, the baselines of other modalities not
+STYLES = {"time series": "-", "text": "--", "image": ":", "table": "-."}
+
+
+def rank_table(
+    spectra: Mapping[str, EmbeddingSpectrum],
+    modalities: Mapping[str, str],
+    sources: Mapping[str, str],
+    epsilons: Sequence[float],
+) -> pd.DataFrame:
+    """One row per model: modality, weights, tokens n, width d and the ε-rank at each ε."""
+    rows = []
+    for name, spectrum in spectra.items():
+        row = {
+            "model": name,
+            "modality": modalities[name],
+            "weights": sources[name],
+            "tokens": spectrum.shape[0],
+            "width": spectrum.shape[1],
+        }
+        row.update({f"rank_eps{eps:g}": spectrum.epsilon_rank(eps) for eps in epsilons})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def singular_value_table(spectra: Mapping[str, EmbeddingSpectrum]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"model": name, "i": i + 1, "relative_singular_value": float(value)}
+            for name, spectrum in spectra.items()
+            for i, value in enumerate(spectrum.relative)
+        ]
+    )
+
+
+def draw_figure(
+    spectra: Mapping[str, EmbeddingSpectrum],
+    modalities: Mapping[str, str],
+    projected: Sequence[str],
+    labels: Mapping[str, Sequence[str]],
+    path: Path,
+) -> Path:
+    """Panel (a) and one projection panel per name in ``projected``, its points coloured by
+    the signal family they came from where ``labels`` has the rows' families."""
+    shown = [name for name in projected if name in spectra]
+    fig = plt.figure(figsize=(6.0 + 3.2 * len(shown), 4.2), layout="constrained")
+    grid = fig.add_gridspec(1, 1 + len(shown), width_ratios=[1.9] + [1.0] * len(shown))
+    ax = fig.add_subplot(grid[0])
+    colours = plt.get_cmap("tab20").colors
+    for k, (name, spectrum) in enumerate(spectra.items()):
+        index = range(1, len(spectrum.relative) + 1)
+        ax.loglog(
+            index,
+            spectrum.relative.clamp_min(1e-16).numpy(),
+            STYLES.get(modalities[name], "-"),
+            color=colours[(2 * k) % 20 + (2 * k) // 20 % 2],
+            label=f"{name} ({modalities[name]})",
+            linewidth=1.6,
+        )
+    ax.set(
+        xlabel="i (log scale)",
+        ylabel="σᵢ / σ₁",
+        title="(a) singular values of the embedded inputs",
+    )
+    ax.set_ylim(bottom=1e-8, top=1.5)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left", ncol=2, frameon=False)
+    for k, name in enumerate(shown):
+        panel = fig.add_subplot(grid[k + 1])
+        points = spectra[name].projection.numpy()
+        groups = labels.get(name)
+        if groups is None:
+            panel.scatter(points[:, 0], points[:, 1], s=3, alpha=0.35, linewidths=0)
+        else:
+            for family in dict.fromkeys(groups):
+                chosen = [i for i, g in enumerate(groups) if g == family]
+                panel.scatter(
+                    points[chosen, 0],
+                    points[chosen, 1],
+                    s=3,
+                    alpha=0.45,
+                    linewidths=0,
+                    label=family.replace("_", " "),
+                )
+            panel.legend(fontsize=7, markerscale=3, frameon=False)
+        panel.set(
+            xlabel="1st singular vector",
+            ylabel="2nd singular vector",
+            title=f"({chr(ord('b') + k)}) {name}'s embedded inputs",
+        )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(
+    output: Path,
+    spectra: Mapping[str, EmbeddingSpectrum],
+    modalities: Mapping[str, str],
+    sources: Mapping[str, str],
+    epsilons: Sequence[float],
+    projected: Sequence[str],
+    labels: Mapping[str, Sequence[str]],
+    notes: Sequence[str],
+) -> dict[str, Path]:
+    ranks = rank_table(spectra, modalities, sources, epsilons)
+    paths = {
+        "epsilon_ranks": output / "epsilon_ranks.csv",
+        "singular_values": output / "singular_values.csv",
+        "figure": output / "embedding_spectra.png",
+        "report": output / "report.html",
+    }
+    ranks.to_csv(paths["epsilon_ranks"], index=False)
+    singular_value_table(spectra).to_csv(paths["singular_values"], index=False)
+    draw_figure(spectra, modalities, projected, labels, paths["figure"])
+    caption = (
+        "(a) σᵢ/σ₁ of each model's embedded inputs (time-series models solid, text dashed, "
+        "images dotted); (b, c) embedded inputs projected on their two leading singular vectors, "
+        "coloured by the signal family they came from where they read the signals"
+    )
+    write_report(
+        paths["report"],
+        "Embedding spectra (rank-structure paper, figure 2)",
+        list(notes),
+        [(paths["figure"], caption)],
+        [("ε-rank of the embedded inputs", ranks)],
+    )
+    return paths
