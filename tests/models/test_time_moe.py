@@ -53,9 +53,12 @@ def fixture_model(tmp_path):
     return model, batch, expected
 
 
-def largest_difference(got: torch.Tensor, expected: np.ndarray) -> float:
-    assert tuple(got.shape) == expected.shape
-    return float((got.double() - torch.from_numpy(expected).double()).abs().max())
+def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
+    """max |isoprobe - official|, printed (``pytest -s`` shows the README's parity figures)."""
+    assert tuple(got.shape) == expected.shape, name
+    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
+    print(f"parity {name}: {difference:.1e}")
+    return difference
 
 
 def test_the_fixture_is_the_published_layout():
@@ -71,7 +74,7 @@ def test_every_layer_matches_the_official_code(tmp_path):
         model.probe_forward(batch)
     assert len(layers) == 1 + 2 * model.shape.num_hidden_layers
     for name in layers:
-        assert largest_difference(captured[name][0], expected[name]) < TOLERANCE, name
+        assert largest_difference(captured[name][0], expected[name], name) < TOLERANCE
 
 
 def test_every_head_matches_the_official_code(tmp_path):
@@ -80,9 +83,10 @@ def test_every_head_matches_the_official_code(tmp_path):
     values, observed, _, _ = model._inputs(context, context)
     with torch.no_grad():
         final, _ = model._hidden(values, observed)
-        assert largest_difference(final, expected["final"]) < TOLERANCE
+        assert largest_difference(final, expected["final"], "final norm") < TOLERANCE
         for j, head in enumerate(model.network.lm_heads):
-            assert largest_difference(head(final), expected[f"head.{j}"]) < TOLERANCE, j
+            name = f"head.{j}"
+            assert largest_difference(head(final), expected[name], name) < TOLERANCE
 
 
 def test_a_multi_step_forecast_matches_official_generate(tmp_path):
@@ -90,7 +94,7 @@ def test_a_multi_step_forecast_matches_official_generate(tmp_path):
     left-padded (attention_mask 0 there)."""
     model, batch, expected = fixture_model(tmp_path)
     forecast = model.forecast(batch)
-    assert largest_difference(forecast.median, expected["forecast"]) < 1e-4
+    assert largest_difference(forecast.median, expected["forecast"], "forecast") < 1e-4
     assert (forecast.quantiles == forecast.median.unsqueeze(1)).all()
 
 
@@ -103,7 +107,7 @@ def test_the_training_loss_with_its_auxiliary_term_matches_the_official_loss(tmp
     with torch.no_grad():
         loss = model.loss(batch)
     # the auxiliary term is 0.02 x about 2 (top-2 routing): leaving it out would miss by ~0.04
-    assert abs(float(loss) - float(expected["loss"])) < TOLERANCE
+    assert largest_difference(loss, expected["loss"], "loss") < TOLERANCE
 
 
 @pytest.mark.parametrize(
