@@ -28,6 +28,11 @@ from isoprobe.models.time_moe_config import TimeMoeShape
 
 #: the official initialisation's standard deviation (``initializer_range``)
 INIT_STD = 0.02
+#: an expert multiplies at least this many rows (zero rows fill up a short block): BLAS takes
+#: another kernel, which rounds differently, for a product of a handful of rows, so without
+#: this a token's output would depend on how many other tokens the batch routes to its expert
+#: (and trainer=ddp_sim, half the batch per process, would differ from one process)
+MIN_EXPERT_ROWS = 16
 
 
 class RMSNorm(nn.Module):
@@ -149,7 +154,8 @@ class SparseExperts(nn.Module):
         routed = torch.zeros_like(tokens)
         for index, expert in enumerate(self.experts):
             rows, slots = torch.where(chosen == index)
-            contribution = expert(tokens[rows]) * weights[rows, slots, None]
+            block = F.pad(tokens[rows], (0, 0, 0, max(0, MIN_EXPERT_ROWS - len(rows))))
+            contribution = expert(block)[: len(rows)] * weights[rows, slots, None]
             routed = routed.index_add(0, rows, contribution)
         shared = torch.sigmoid(self.shared_expert_gate(tokens)) * self.shared_expert(tokens)
         return (routed + shared).view(batch, length, width), logits

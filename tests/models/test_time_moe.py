@@ -18,7 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.time_moe import head_for, normalisation, positions_of, shifted_windows
-from isoprobe.models.time_moe_network import balance_loss
+from isoprobe.models.time_moe_config import shape_from_fields
+from isoprobe.models.time_moe_network import SparseExperts, balance_loss
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
 
@@ -152,6 +153,27 @@ def test_the_balance_loss_is_one_for_a_uniform_router_and_more_when_it_is_skewed
     half = torch.tensor([[True] * 4 + [False] * 4])
     whole = float(balance_loss(skewed, 2, observed))
     assert float(balance_loss(mixed, 2, half)) == pytest.approx(whole)
+
+
+def test_a_tokens_output_does_not_depend_on_how_many_tokens_share_its_expert():
+    """Expert 3 takes only the tokens whose first feature is -1: 3 of the first 300 tokens, 43
+    of all 600. The first 300 give bit for bit the same outputs in either batch, although
+    expert 3 multiplies 3 rows in one and 43 in the other (trainer=ddp_sim, half the batch per
+    process, equals one process so)."""
+    torch.manual_seed(0)
+    fields = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    experts = SparseExperts(shape_from_fields({**fields, "num_experts": 4}, "test"))
+    tokens = torch.randn(1, 600, 64)
+    tokens[..., 0] = 1.0
+    tokens[0, [0, 1, 2, *range(400, 440)], 0] = -1.0
+    with torch.no_grad():
+        experts.gate.weight[:, 0] = 0.0
+        experts.gate.weight[3] = 0.0
+        experts.gate.weight[3, 0] = -50.0
+        whole, logits = experts(tokens)
+        assert int((logits.topk(2).indices == 3).sum()) == 43
+        part, _ = experts(tokens[:, :300])
+    assert torch.equal(part, whole[:, :300])
 
 
 def copy_fixture(tmp_path) -> Path:
