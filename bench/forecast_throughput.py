@@ -23,6 +23,9 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
   one point, every quantile.
   The package needs torchvision, whose wheel does not load beside isoprobe's CPU torch: where
   ``visionts`` does not import, the row times isoprobe alone (official columns ``nan``).
+- Time-MoE: isoprobe alone (144 / 48, its point forecast at every quantile). The official code
+  needs transformers 4.40 (it breaks on 5.x), so it cannot run beside isoprobe; its parity on
+  the same weights is tests/models/test_time_moe.py's (fixture made in a side environment).
 
 isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.tasks.runner.build_model``
 builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
@@ -76,6 +79,7 @@ LENGTHS = {
     "timesfm": (144, 48),
     "patchtst": (512, 64),
     "visionts": (144, 48),
+    "time_moe": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -94,6 +98,7 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "timesfm": lambda m: [m.model.decoder, m.model.horizon_ff_layer],
     "patchtst": lambda m: [m.model],
     "visionts": lambda m: [m.mae],
+    "time_moe": lambda m: [m.network.model, *m.network.lm_heads],
 }
 #: cases that are not a model config of their own: their model overrides
 MODEL = {"chronos_generate": ["model=chronos", "model.sampler=generate"]}
@@ -103,6 +108,8 @@ CHECKPOINT = {"visionts": "scratch"}
 FUNCTIONS = {"chronos": [(t5_sampling, "decode_step")]}
 SEED = 0
 Official = Callable[[Tensor], Tensor]  # context [B, L] -> quantiles [B, 9, H]
+#: the official builder of a model isoprobe is timed alone against (no official path here)
+NO_OFFICIAL = None
 
 
 def official_chronos(module) -> Official:
@@ -243,6 +250,7 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "timesfm": ("TimesFM", official_timesfm),
     "patchtst": ("PatchTST", official_patchtst),
     "visionts": ("VisionTS", official_visionts),
+    "time_moe": ("Time-MoE", NO_OFFICIAL),
 }
 
 
@@ -323,6 +331,8 @@ def share_in_forward(
 def compare(name: str, rounds: int, out: str) -> dict:
     title, make_official = CASES[name]
     module, batch = build(name, out)
+    if make_official is NO_OFFICIAL:
+        return timed_alone(title, module, batch, rounds, NETWORK[name](module))
     official = make_official(module)
     context = batch["context"]
 
@@ -362,6 +372,27 @@ def compare(name: str, rounds: int, out: str) -> dict:
     }
 
 
+def timed_alone(title: str, module, batch, rounds: int, network: list[nn.Module]) -> dict:
+    """isoprobe's row for a model whose official code cannot run here: its times and WQL."""
+
+    def ours() -> Tensor:
+        return module.forecast(batch).quantiles
+
+    timed(ours)
+    runs = [timed(ours, SEED + round_) for round_ in range(rounds)]
+    losses = [wql(quantiles, batch["target"], LEVELS).item() for _, quantiles in runs]
+    context = batch["context"]
+    return {
+        "model": title,
+        "windows": f"{len(context)} x {context.shape[1]}/{module.prediction_length}",
+        "isoprobe": min(seconds for seconds, _ in runs),
+        "official": None,
+        "wql": (sum(losses) / rounds, None),
+        "forward": share_in_forward(ours, network),
+        "rounds": ([seconds for seconds, _ in runs], []),
+    }
+
+
 def print_table(rows: list[dict]) -> None:
     header = (
         f"{'model':<13}{'windows':>15}{'isoprobe s':>12}{'official s':>12}{'ratio':>8}"
@@ -372,6 +403,12 @@ def print_table(rows: list[dict]) -> None:
     print("-" * len(header))
     for r in rows:
         ours, theirs = r["wql"]
+        if r["official"] is None:
+            print(
+                f"{r['model']:<13}{r['windows']:>15}{r['isoprobe']:>12.4f}{'n/a':>12}{'':>8}"
+                f"{'':>11}{ours:>8.4f}{'n/a':>10}{'':>8}{'':>13}{r['forward']:>11.0%}"
+            )
+            continue
         print(
             f"{r['model']:<13}{r['windows']:>15}{r['isoprobe']:>12.4f}{r['official']:>12.4f}"
             f"{r['official'] / r['isoprobe']:>7.2f}x{r['agreement']:>11.2g}"

@@ -71,6 +71,12 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.depth=2",
         "model.sizes.mini.decoder_depth=1",
     ],
+    "time_moe": [
+        "model.sizes.mini.hidden_size=32",
+        "model.sizes.mini.intermediate_size=32",
+        "model.sizes.mini.num_hidden_layers=2",
+        "model.sizes.mini.num_attention_heads=2",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

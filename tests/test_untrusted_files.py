@@ -19,6 +19,7 @@ import pyarrow.feather
 import pyarrow.parquet
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from isoprobe.data.local import LocalDataError, load_local
 from isoprobe.models.checkpoints import BUNDLED_DIR, CheckpointError
@@ -360,6 +361,60 @@ def test_image_baseline_directory_with_pickled_weights_is_refused_and_runs_nothi
     (directory / "pytorch_model.bin").write_bytes(payload(marker))
     with pytest.raises(CheckpointError, match=REFUSED):
         VitImageEmbedder(checkpoint=str(directory), images=1)
+
+
+# -- Time-MoE: a published directory names its Python files in config.json's auto_map ---------
+
+TIME_MOE_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "time_moe"
+
+
+def time_moe_directory(tmp_path, marker: pathlib.Path) -> pathlib.Path:
+    """The parity fixture (official layout: auto_map, bfloat16 weights) with the Python files
+    its auto_map names beside it, each creating ``marker`` if it were ever imported."""
+    directory = tmp_path / "handed"
+    directory.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(TIME_MOE_FIXTURE / name, directory / name)
+    auto_map = json.loads((directory / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModelForCausalLM"}
+    for target in auto_map.values():
+        module = target.split(".")[0]
+        (directory / f"{module}.py").write_text(
+            f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        )
+    return directory
+
+
+def test_time_moe_directory_whose_auto_map_code_would_run_loads_as_data_only(tmp_path):
+    """The load succeeds, reading config.json and the weights as data: the files auto_map
+    names are never imported (no marker), and the weights are the published ones."""
+    marker = tmp_path / "ran"
+    directory = time_moe_directory(tmp_path, marker)
+    model = build(tmp_path, "time_moe", str(directory))
+    assert not marker.exists()
+    assert model.shape.num_hidden_layers == 2
+    published = load_file(directory / "model.safetensors")
+    loaded = model.network.state_dict()
+    assert all(torch.equal(loaded[k], v.float()) for k, v in published.items())
+
+
+def test_time_moe_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
+    """No model.safetensors but a payload pytorch_model.bin: refused without reading it."""
+    marker = tmp_path / "ran"
+    directory = time_moe_directory(tmp_path, marker)
+    (directory / "model.safetensors").unlink()
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build(tmp_path, "time_moe", str(directory))
+    assert not marker.exists()
+
+
+def test_time_moe_weights_file_holding_a_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = time_moe_directory(tmp_path, marker)
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build(tmp_path, "time_moe", str(directory))
     assert not marker.exists()
 
 

@@ -66,6 +66,7 @@ SHIPPED = (
     "llm-gpt2-mini",
     "moirai-mini",
     "patchtst-mini",
+    "time-moe-mini",
     "timesfm-mini",
 )
 

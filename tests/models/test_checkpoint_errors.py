@@ -41,7 +41,8 @@ def test_truncated_lag_llama_weights_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("model", "folder"), [("lag_llama", "lag-llama-mini"), ("moirai", "moirai-mini")]
+    ("model", "folder"),
+    [("lag_llama", "lag-llama-mini"), ("moirai", "moirai-mini"), ("time_moe", "time-moe-mini")],
 )
 def test_invalid_config_json_names_the_file(tmp_path, model, folder):
     target = copy_bundled(tmp_path, folder)
@@ -54,6 +55,19 @@ def test_a_moirai_export_given_to_patchtst_says_what_patchtst_loads(tmp_path):
     target = copy_bundled(tmp_path, "moirai-mini")
     with pytest.raises(CheckpointError, match=r"model=patchtst loads PatchTSTForPrediction"):
         build(tmp_path, "patchtst", f"model.checkpoint={target}")
+
+
+@pytest.mark.parametrize(
+    ("folder", "model_type"), [("chronos-t5-mini", "t5"), ("timesfm-mini", "timesfm")]
+)
+def test_another_architectures_directory_given_to_time_moe_names_its_model_type(
+    tmp_path, folder, model_type
+):
+    target = copy_bundled(tmp_path, folder)
+    with pytest.raises(
+        CheckpointError, match=rf"not a Time-MoE config \(model_type='{model_type}'.*model=time_moe"
+    ):
+        build(tmp_path, "time_moe", f"model.checkpoint={target}")
 
 
 def test_a_bundled_checkpoint_isoprobe_does_not_ship_is_not_a_reinstall(tmp_path):

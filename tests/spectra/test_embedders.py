@@ -84,7 +84,15 @@ def test_the_experiment_runs_end_to_end_on_tiny_settings(tmp_path):
             "experiment=rank/embedding_spectra",
             *[
                 f"~embedding_spectra.models.{name}"
-                for name in ("chronos2", "timesfm", "moirai", "patchtst", "lag_llama", "visionts")
+                for name in (
+                    "chronos2",
+                    "timesfm",
+                    "moirai",
+                    "patchtst",
+                    "lag_llama",
+                    "time_moe",
+                    "visionts",
+                )
             ],
             "embedding_spectra.per_family=2",
             "embedding_spectra.context_length=64",

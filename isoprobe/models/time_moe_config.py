@@ -1,0 +1,180 @@
+"""Time-MoE's config.json as data: the architecture's fields (those of the official
+``TimeMoeConfig``, Shi et al. 2024, github.com/Time-MoE/Time-MoE) read and checked key by key,
+and written back in the official layout by an export.
+
+A published checkpoint's config.json (Maple728/TimeMoE-50M, -200M) names its Python files in
+``auto_map``; they are never imported: the file is read with :func:`json.loads` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from isoprobe.models.checkpoints import CheckpointError
+
+MODEL_TYPE = "time_moe"
+#: what a config.json of another kind is told model=time_moe loads
+LOADS = (
+    "model=time_moe loads Time-MoE checkpoints (config.json with model_type 'time_moe' + "
+    "model.safetensors), such as Maple728/TimeMoE-50M, or an export of model=time_moe."
+)
+#: keys transformers writes into every config.json: read past, never acted on (``auto_map``
+#: names Python files that are never imported)
+GENERIC_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "auto_map",
+        "model_type",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "use_cache",
+        "tie_word_embeddings",
+        "initializer_range",
+        "attention_dropout",
+    }
+)
+#: the ``auto_map`` of the published checkpoints, kept in an export so that the official code
+#: (with its Python files copied beside it) loads the directory as it loads theirs
+OFFICIAL_AUTO_MAP = {
+    "AutoConfig": "configuration_time_moe.TimeMoeConfig",
+    "AutoModelForCausalLM": "modeling_time_moe.TimeMoeForPrediction",
+}
+
+
+@dataclass(frozen=True)
+class TimeMoeShape:
+    """The architecture: the official ``TimeMoeConfig`` fields isoprobe builds from (defaults
+    as there, where the official config has one that the published checkpoints keep)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    horizon_lengths: list[int] = field(default_factory=lambda: [1])
+    num_key_value_heads: int | None = None
+    num_experts: int = 1
+    num_experts_per_tok: int = 2
+    input_size: int = 1
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    use_dense: bool = False
+    apply_aux_loss: bool = True
+    router_aux_loss_factor: float = 0.02
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def expert_size(self) -> int:
+        """Each routed expert's SwiGLU width: ``intermediate_size // num_experts_per_tok`` (the
+        shared expert has the whole ``intermediate_size``), as the official layer builds them."""
+        return self.intermediate_size // self.num_experts_per_tok
+
+
+def shape_from_fields(fields: Mapping[str, Any], source: str) -> TimeMoeShape:
+    """The :class:`TimeMoeShape` of config.json's (or ``model.sizes``') ``fields``, refusing
+    unknown or missing keys and what isoprobe does not build, each named with ``source``."""
+    known = {f.name for f in dataclasses.fields(TimeMoeShape)}
+    unexpected = sorted(set(fields) - known - GENERIC_KEYS)
+    required = [f.name for f in dataclasses.fields(TimeMoeShape) if _required(f)]
+    missing = [name for name in required if name not in fields]
+    if unexpected or missing:
+        raise CheckpointError(
+            f"{source} has unexpected keys {unexpected} and lacks {missing}; a Time-MoE config "
+            f"has the keys {sorted(known)} (and transformers' own {sorted(GENERIC_KEYS)}). The "
+            "file was edited or belongs to another model: export the checkpoint again."
+        )
+    values = {k: v for k, v in fields.items() if k in known}
+    if isinstance(values.get("horizon_lengths"), int):  # the official config accepts one int
+        values["horizon_lengths"] = [values["horizon_lengths"]]
+    shape = TimeMoeShape(**values)
+    _check_buildable(shape, source)
+    return shape
+
+
+def _required(spec: dataclasses.Field) -> bool:
+    return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def _check_buildable(shape: TimeMoeShape, source: str) -> None:
+    """Refuse, naming the field and ``source``, a shape the official code builds differently or
+    that isoprobe does not build (a multivariate input, a dense feed-forward, another
+    activation)."""
+    problems = []
+    horizons = shape.horizon_lengths
+    if not (
+        isinstance(horizons, list)
+        and horizons
+        and all(isinstance(h, int) and h > 0 for h in horizons)
+        and horizons == sorted(set(horizons))
+    ):
+        problems.append(f"horizon_lengths={horizons!r} is not a rising list of positive ints")
+    if shape.input_size != 1:
+        problems.append(f"input_size={shape.input_size} (isoprobe's windows are univariate: 1)")
+    if shape.use_dense or not shape.apply_aux_loss:
+        problems.append(
+            f"use_dense={shape.use_dense}, apply_aux_loss={shape.apply_aux_loss} (isoprobe "
+            "builds the sparse mixture of experts with its balance loss: false, true)"
+        )
+    if shape.hidden_act != "silu":
+        problems.append(f"hidden_act={shape.hidden_act!r} (Time-MoE's is 'silu')")
+    if shape.hidden_size % shape.num_attention_heads:
+        problems.append(
+            f"hidden_size={shape.hidden_size} is not a multiple of num_attention_heads="
+            f"{shape.num_attention_heads}"
+        )
+    if shape.num_attention_heads % shape.kv_heads:
+        problems.append(
+            f"num_attention_heads={shape.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={shape.kv_heads}"
+        )
+    if not 1 <= shape.num_experts_per_tok <= shape.num_experts:
+        problems.append(
+            f"num_experts_per_tok={shape.num_experts_per_tok} is not in 1..num_experts="
+            f"{shape.num_experts}"
+        )
+    if problems:
+        raise CheckpointError(
+            f"{source}: isoprobe cannot build this Time-MoE: {'; '.join(problems)}. {LOADS}"
+        )
+
+
+def shape_from_config(config: Mapping[str, Any], source: str) -> TimeMoeShape:
+    """A checkpoint's config.json (already read as data): another architecture's is refused
+    naming its ``model_type``, a Time-MoE one becomes its :class:`TimeMoeShape`."""
+    model_type = config.get("model_type")
+    if model_type != MODEL_TYPE:
+        raise CheckpointError(
+            f"{source}/config.json is not a Time-MoE config (model_type={model_type!r}, "
+            f"expected {MODEL_TYPE!r}). {LOADS}"
+        )
+    return shape_from_fields(config, f"{source}/config.json")
+
+
+def official_config(shape: TimeMoeShape, dtype: str) -> dict[str, Any]:
+    """config.json as the published checkpoints lay it out, for ``shape`` in ``dtype``."""
+    fields = dataclasses.asdict(shape)
+    fields["num_key_value_heads"] = shape.kv_heads
+    return {
+        "architectures": ["TimeMoeForPrediction"],
+        "auto_map": dict(OFFICIAL_AUTO_MAP),
+        "model_type": MODEL_TYPE,
+        **fields,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }

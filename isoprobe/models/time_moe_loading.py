@@ -1,0 +1,66 @@
+"""Where a Time-MoE network's weights come from: a scratch shape (``model.sizes``), or a
+checkpoint directory / hub id in the published layout (config.json + model.safetensors, as
+Maple728/TimeMoE-50M ships them).
+
+Only data is read: config.json with :func:`json.loads` (its ``auto_map`` names Python files
+that are never imported, no ``trust_remote_code``), the weights with safetensors. The published
+weights are bfloat16; they become float32. Every tensor the config's shape needs must be there
+with its shape, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from isoprobe.models.checkpoints import (
+    CheckpointError,
+    ResolvedCheckpoint,
+    check_weights_fit,
+    read_json_config,
+    read_safetensors,
+    scratch_shape,
+)
+from isoprobe.models.time_moe_config import LOADS, shape_from_config, shape_from_fields
+from isoprobe.models.time_moe_network import TimeMoeNetwork
+
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+
+
+def _fetch(source: ResolvedCheckpoint, filename: str) -> Path:
+    """A file of a local directory, or of a hub repository (downloaded or from the cache)."""
+    if source.kind in ("path", "bundled"):
+        return Path(source.location) / filename
+    from huggingface_hub import hf_hub_download
+
+    return Path(hf_hub_download(source.location, filename))
+
+
+def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> TimeMoeNetwork:
+    """The network of ``model.checkpoint`` (see the module docstring), in train mode."""
+    if resolved.kind == "scratch":
+        return TimeMoeNetwork(shape_from_fields(scratch_shape(scratch), "model.sizes"))
+    source = resolved.location
+    config = read_json_config(_fetch(resolved, CONFIG_NAME))
+    network = TimeMoeNetwork(shape_from_config(config, source))
+    weights = read_safetensors(_fetch(resolved, WEIGHTS_NAME))
+    expected = network.state_dict()
+    mismatched = [
+        (name, tuple(weights[name].shape), tuple(tensor.shape))
+        for name, tensor in expected.items()
+        if name in weights and weights[name].shape != tensor.shape
+    ]
+    info = {
+        "mismatched_keys": mismatched,
+        "missing_keys": sorted(set(expected) - set(weights)),
+        "unexpected_keys": sorted(set(weights) - set(expected)),
+    }
+    check_weights_fit(info, source)
+    not_floats = sorted(name for name, tensor in weights.items() if not tensor.is_floating_point())
+    if not_floats:
+        raise CheckpointError(
+            f"the weights in {source} hold tensors that are not floating point ({not_floats[:3]}"
+            f"). {LOADS}"
+        )
+    network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
+    return network.train()
