@@ -257,37 +257,51 @@ def last_block(model: ForecastModule) -> str:
 
 
 def check_head(model: ForecastModule, batch: dict[str, Tensor]) -> None:
-    """With the last block's output cut from the graph, the loss still reaches every head
-    module (it maps that output to the forecast), and no input layer that is not the head's
-    own (a tied embedding is both)."""
+    """Every head module reads the last block's output: in the loss's forward, its input
+    depends on that output (a gradient flows from the input back to it). An input embedding
+    declared as the head reads the raw values instead. (Checked through the head's input, not
+    the loss's gradients: a loss may have terms that bypass the head, as Time-MoE's router
+    balance loss does.)"""
     module = model.probe_layers("block")[last_block(model)]
+    leaves: list[Tensor] = []
 
     def cut(_m, _args, output):
-        if isinstance(output, tuple):
-            return (output[0].detach(), *output[1:])
-        return output.detach()
+        leaf = hidden_of(output).detach().requires_grad_()
+        leaves.append(leaf)
+        return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
 
-    model.zero_grad(set_to_none=True)
-    handle = module.register_forward_hook(cut)
-    try:
-        torch.manual_seed(0)
-        model.loss(batch).backward()
-    finally:
-        handle.remove()
     head = model.head_modules()
     assert head, "head_modules() is empty"
+    read: dict[int, list[Tensor]] = {id(m): [] for m in head}
+    handles = [module.register_forward_hook(cut)]
     for m in head:
-        reached = any(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())
-        assert reached, f"head module {type(m).__name__} does not map the last block's output"
-    heads = _parameters(head)
-    for m in model.input_modules():
-        for p in m.parameters():
-            if id(p) not in heads:
-                assert p.grad is None or not p.grad.any(), (
-                    f"input layer {type(m).__name__} is reached past the last block: the "
-                    "declared head is not what maps the last hidden state to the output"
+        handles.append(
+            m.register_forward_pre_hook(
+                lambda mod, args, kwargs: read[id(mod)].append(input_of(args, kwargs)),
+                with_kwargs=True,
+            )
+        )
+    try:
+        with torch.enable_grad():
+            torch.manual_seed(0)
+            model.loss(batch)
+            for m in head:
+                assert read[id(m)], f"head module {type(m).__name__} does not run in the loss"
+                reached = False
+                for tensor in read[id(m)]:
+                    if not tensor.requires_grad:
+                        continue
+                    grads = torch.autograd.grad(
+                        tensor.sum(), leaves, retain_graph=True, allow_unused=True
+                    )
+                    reached = reached or any(g is not None and g.any() for g in grads)
+                assert reached, (
+                    f"head module {type(m).__name__} does not read the last block's output: "
+                    "the declared head is not what maps the last hidden state to the output"
                 )
-    model.zero_grad(set_to_none=True)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 # 4. the input modules make the embedding ------------------------------------------------------
