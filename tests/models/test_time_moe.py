@@ -79,15 +79,31 @@ def test_every_layer_matches_the_official_code(tmp_path):
 
 
 def test_every_head_matches_the_official_code(tmp_path):
+    """The declared ``head_modules`` map the last hidden state to the official heads' outputs."""
     model, batch, expected = fixture_model(tmp_path)
     context = batch["context"]
     values, observed, _, _ = model._inputs(context, context)
     with torch.no_grad():
         final, _ = model._hidden(values, observed)
         assert largest_difference(final, expected["final"], "final norm") < TOLERANCE
-        for j, head in enumerate(model.network.lm_heads):
+        heads = model.head_modules()
+        assert len(heads) == len(model.shape.horizon_lengths)
+        for j, head in enumerate(heads):
             name = f"head.{j}"
             assert largest_difference(head(final), expected[name], name) < TOLERANCE
+
+
+def test_the_input_modules_hold_exactly_the_parameters_embed_is_made_of(tmp_path):
+    """Every parameter ``embed`` depends on is in ``input_modules``, and no other."""
+    model, batch, _ = fixture_model(tmp_path)
+    kept = []
+    hook = model.probe_layers()["embed"].register_forward_hook(lambda _m, _a, out: kept.append(out))
+    model.probe_forward(batch)
+    hook.remove()
+    kept[0].sum().backward()
+    reached = {id(p) for p in model.parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    declared = {id(p) for m in model.input_modules() for p in m.parameters()}
+    assert reached == declared
 
 
 def test_a_multi_step_forecast_matches_official_generate(tmp_path):
