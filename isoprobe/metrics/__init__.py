@@ -10,6 +10,7 @@ from isoprobe.metrics.kmeans import kmeans_sweep
 from isoprobe.metrics.rank import epsilon_rank, singular_values
 from isoprobe.metrics.registry import MEASURES, register_measure, unregister_measure
 from isoprobe.metrics.silhouette import silhouette_scores
+from isoprobe.metrics.similarity import CkaSide, linear_cka
 from isoprobe.metrics.spectrum import (
     PartitionRatio,
     effective_dimension,
@@ -28,6 +29,7 @@ from isoprobe.metrics.suite import (
 __all__ = [
     "ALL_METRICS",
     "MEASURES",
+    "CkaSide",
     "ClusterCosine",
     "PartitionRatio",
     "ProbeMetricsConfig",
@@ -38,6 +40,7 @@ __all__ = [
     "inter_token_cosine",
     "isoscore",
     "kmeans_sweep",
+    "linear_cka",
     "measure_tokens",
     "participation_ratio",
     "partition_ratio",
