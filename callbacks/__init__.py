@@ -3,5 +3,6 @@
 from isoprobe.callbacks.isotropy import IsotropyProbe
 from isoprobe.callbacks.probe import Probe
 from isoprobe.callbacks.rank import RankProbe
+from isoprobe.callbacks.similarity import SimilarityProbe
 
-__all__ = ["IsotropyProbe", "Probe", "RankProbe"]
+__all__ = ["IsotropyProbe", "Probe", "RankProbe", "SimilarityProbe"]

@@ -18,8 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from isoprobe.callbacks.measurement import Measurement, Row
 from isoprobe.callbacks.plots import cluster_colours, pca_coordinates, save_point_cloud
-from isoprobe.callbacks.probe import Measurement, Probe, Row
+from isoprobe.callbacks.probe import Probe
 from isoprobe.callbacks.publish import PointCloud, point_clouds
 from isoprobe.callbacks.records import DEFAULT_PROBE
 from lightning.pytorch import LightningModule, Trainer

@@ -182,3 +182,20 @@ def save_compression_tradeoff(path: Path, rows: Sequence[Mapping[str, float]]) -
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def save_similarity_heatmap(
+    path: Path, layers: Sequence[str], matrix: np.ndarray, title: str
+) -> None:
+    """Layer against layer (linear CKA, 0..1; NaN: not comparable, left blank) as a heatmap."""
+    size = 2.5 + 0.28 * len(layers)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(np.ma.masked_invalid(matrix), vmin=0.0, vmax=1.0, cmap="viridis")
+    ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
+    ax.set_yticks(range(len(layers)), layers, fontsize=6)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="linear CKA")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
