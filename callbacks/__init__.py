@@ -3,6 +3,5 @@
 from isoprobe.callbacks.isotropy import IsotropyProbe
 from isoprobe.callbacks.probe import Probe
 from isoprobe.callbacks.rank import RankProbe
-from isoprobe.callbacks.similarity import SimilarityProbe
 
-__all__ = ["IsotropyProbe", "Probe", "RankProbe", "SimilarityProbe"]
+__all__ = ["IsotropyProbe", "Probe", "RankProbe"]

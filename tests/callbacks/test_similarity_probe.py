@@ -1,6 +1,6 @@
-"""SimilarityProbe: drift (1 - linear CKA of a layer now against epoch 0) and layer-against-
-layer CKA, on the toy model and, under model.adapt=head_only, on a real model whose probed
-layers do not train: every drift is exactly 0 there."""
+"""The isotropy probe's similarity measures: drift (1 - linear CKA of a layer now against
+epoch 0) and layer-against-layer CKA, on the toy model and, under model.adapt=head_only, on a
+real model whose probed layers do not train: every drift is exactly 0 there."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import copy
 import lightning as L
 import pandas as pd
 import pytest
-from isoprobe.callbacks import IsotropyProbe, SimilarityProbe
+from isoprobe.callbacks import IsotropyProbe
 from probe_toy import ToyData, ToyForecaster, tokens_by_hand
 
 from isoprobe.metrics import linear_cka
@@ -35,10 +35,16 @@ def _fit(callbacks: list, model: ToyForecaster, max_epochs: int = 1) -> None:
 def test_drift_and_layer_pairs_are_linear_cka_of_the_collected_tokens(tmp_path):
     model = ToyForecaster()
     before = copy.deepcopy(model)
-    probe = SimilarityProbe(output_dir=str(tmp_path), **PROBE_SET)
-    iso = IsotropyProbe(output_dir=str(tmp_path), pca_layers=[], metrics={"k_max": 3}, **PROBE_SET)
-    _fit([iso, probe], model)
-    assert probe.hub is iso.hub and probe.hub.passes == 2  # one pass per probed epoch for both
+    probe = IsotropyProbe(
+        output_dir=str(tmp_path),
+        pca_layers=[],
+        metrics={"metrics": ["cos_inter"]},
+        similarity={},
+        figures_every_n_epochs=1,
+        **PROBE_SET,
+    )
+    _fit([probe], model)
+    assert probe.hub.passes == 2  # one pass per probed epoch
 
     records = pd.DataFrame(probe.records).set_index(["epoch", "layer", "metric"]).value
     data = ToyData()
@@ -62,6 +68,7 @@ def test_drift_and_layer_pairs_are_linear_cka_of_the_collected_tokens(tmp_path):
     pairs = pd.read_csv(tmp_path / "cka_layers.csv")
     assert sorted(pairs.epoch.unique()) == [0, 1] and len(pairs) == 2 * 9
     assert (tmp_path / "cka_layers" / "epoch0.png").is_file()
+    assert (tmp_path / "cka_layers" / "epoch1.png").is_file()
 
 
 SHORT = [
@@ -87,7 +94,7 @@ def test_under_head_only_every_probed_layer_drifts_exactly_zero(
     # PatchTST: its head is its own (Chronos-T5's is tied to the input embedding, which
     # head_only then trains too)
     run_task(tiny_config(*SHORT, f"model.adapt={adapt}", model="patchtst"))
-    records = pd.read_csv(tmp_path / "similarity_metrics.csv")
+    records = pd.read_csv(tmp_path / "probe_metrics.csv")
     drift = records[records.metric == "cka_drift"].set_index(["epoch", "layer"]).value
     layers = set(records[records.metric == "cka_drift"].layer)
     assert {"embed", "encoder.0", "encoder.1"} <= layers
