@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from isoprobe.metrics import ClusterCosine, ProbeMetricsConfig, Tokens, measure_tokens
+from isoprobe.metrics.plugins import import_plugins
 
 CSV_NAME = "probe_metrics.csv"
 TRAJECTORY_PNG = "probe_trajectories.png"
@@ -56,6 +57,8 @@ class IsotropyProbe(Probe):
         metrics: :class:`isoprobe.metrics.ProbeMetricsConfig` fields (``metrics``: ``all`` or
             names of registered measures, ``k_min``, ``k_max``, ``min_silhouette``, ``seed``,
             ``ed_threshold``, ``rank_eps``); ``seed`` defaults to this callback's ``seed``.
+        plugins: modules to import first, whose measures (registered with
+            :func:`isoprobe.metrics.register_measure`) then run with the built-in ones.
         similarity: :class:`~isoprobe.callbacks.similarity.SimilarityMeasures` options (``drift``,
             ``layer_pairs``, ``debiased``): the two-token-set measures ``cka_drift`` and
             ``cka_prev`` and the layer-against-layer CKA heatmap; None = off (the default here;
@@ -78,6 +81,7 @@ class IsotropyProbe(Probe):
     def __init__(
         self,
         metrics: dict[str, Any] | None = None,
+        plugins: list[str] | None = None,
         similarity: dict[str, Any] | None = None,
         readout: dict[str, Any] | None = None,
         pca_layers: list[str] | None = None,
@@ -88,6 +92,7 @@ class IsotropyProbe(Probe):
         **probe: Any,
     ) -> None:
         super().__init__(name, csv_name, trajectory_png, log_prefix, **probe)
+        import_plugins(list(plugins or []), f"callbacks.{name}.plugins")
         self.metrics_config = ProbeMetricsConfig.from_any(
             {"seed": self.seed, **dict(metrics or {})}
         )

@@ -18,6 +18,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from isoprobe.metrics import metric_info  # noqa: E402
+
 
 def pca_coordinates(X: Tensor, components: int = 3) -> np.ndarray:
     """The rows of X [N, D] on their first ``components`` principal axes (zero-padded when the
@@ -79,7 +81,7 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
                 epochs = sorted(by_layer[layer])
                 values = [by_layer[layer][e] for e in epochs]
                 ax.plot(epochs, values, marker="o", ms=2, lw=1, color=colour, label=layer)
-        if metric == "partition_ratio":  # spans tens of decades across layers
+        if metric_info(metric).log_scale:
             ax.set_yscale("log")
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from isoprobe.metrics.registry import MetricInfo, describe_metric
+
+describe_metric("readout_nmse", MetricInfo(direction=-1, summary=True, log_scale=True, shown=True))
+describe_metric("readout_skill", MetricInfo(direction=1))
+
 #: the ridge penalties tried, relative to the mean squared singular value of the features
 RELATIVE_ALPHAS = tuple(10.0**k for k in range(-4, 5))
 

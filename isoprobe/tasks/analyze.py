@@ -33,22 +33,20 @@ from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
+from isoprobe.metrics import metrics_where
+from isoprobe.metrics.plugins import import_plugins
 from isoprobe.tasks.output_guard import check_analysis_directory
 from isoprobe.tasks.run_lock import run_directory_lock
 
 log = logging.getLogger(__name__)
 
-#: the isotropy measures the scatter and trajectory figures show
-SHOWN_METRICS = (
-    "cos_inter",
-    "cos_inter_centered",
-    "cos_cluster_excess",
-    "eff_dim",
-    "participation_ratio",
-    "isoscore",
-    "log_partition_ratio",
-    "silhouette",
-)
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # SHOWN_METRICS: the measures the scatter and trajectory figures show, those registered
+    # with MetricInfo(shown=True), a plug-in's included, read when asked for
+    if name == "SHOWN_METRICS":
+        return metrics_where("shown")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def primary_forecast(study: Study, name: str) -> str:
@@ -98,6 +96,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
     """The analysis of ``cfg.analyze.runs`` into ``cfg.paths.output_dir`` (module docstring),
     which must not hold a run's records and is locked while the analysis writes."""
     options = cfg.analyze
+    import_plugins(list(options.get("plugins") or []), "analyze.plugins")
     runs = (
         OmegaConf.to_container(options.runs, resolve=True)
         if OmegaConf.is_config(options.runs)
@@ -205,7 +204,9 @@ def _figures(
             f"Per model: {forecast} beside the last layer's {metric}, every data set",
         ),
         (
-            figures.scatter(study, table, forecast, list(SHOWN_METRICS), output / "scatter.png"),
+            figures.scatter(
+                study, table, forecast, list(metrics_where("shown")), output / "scatter.png"
+            ),
             f"{forecast} against each metric of the last layer, coloured by model",
         ),
         (
@@ -214,7 +215,7 @@ def _figures(
         ),
         (
             figures.trajectories(
-                study, list(SHOWN_METRICS[:4]), factor, output / "trajectories.png"
+                study, list(metrics_where("shown")[:4]), factor, output / "trajectories.png"
             ),
             f"The last layer's metrics over epochs, per run, coloured by {factor}",
         ),
