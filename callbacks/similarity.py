@@ -66,6 +66,7 @@ class SimilarityMeasures:
         self.layer_pairs = bool(layer_pairs)
         self.debiased = bool(debiased)
         self._reference: dict[str, Tensor] = {}
+        self._reference_sides: dict[str, CkaSide] = {}
         self.matrices: dict[int, LayerMatrix] = {}
 
     def measure(
@@ -97,7 +98,11 @@ class SimilarityMeasures:
             reference = self._reference.get(layer)
             if reference is None or reference.shape != side.centred.shape:
                 continue
-            before = CkaSide.of(reference.to(side.centred.device))
+            before = self._reference_sides.get(layer)
+            if before is None:  # prepared once (centred, its Gram term) for every later epoch
+                before = self._reference_sides[layer] = CkaSide.of(
+                    reference.to(side.centred.device)
+                )
             rows.append(Row(layer, "cka_drift", 1.0 - cka_of_sides(side, before, self.debiased)))
         return rows
 
@@ -136,6 +141,7 @@ class SimilarityMeasures:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference = dict(state.get("reference", {}))
+        self._reference_sides = {}
         self.matrices = {
             int(e): LayerMatrix(list(layers), np.asarray(values, dtype=float))
             for e, (layers, values) in state.get("matrices", {}).items()
