@@ -114,6 +114,7 @@ class LocalTokens:
 
     rows: Tensor  # [n_local, D]
     counts: list[int]  # masked-true tokens per window
+    window_means: Tensor | None = None  # [local windows, D] mean masked row (NaN: none)
 
 
 def _first_tensor(output: object) -> Tensor:
@@ -181,6 +182,13 @@ def _capture_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, list[Te
             handle.remove()
 
 
+def _window_means(hidden: Tensor, mask: Tensor) -> Tensor:
+    """[B, D]: each window's mean over its masked-true positions (NaN where it has none)."""
+    flat = hidden.flatten(1, -2)
+    weights = mask.flatten(1).to(flat.dtype)
+    return (flat * weights[..., None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
+
+
 def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple[Tensor, list[int]]:
     if len(outputs) != 1:
         raise RuntimeError(
@@ -207,6 +215,14 @@ def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple
     return hidden[mask], mask.flatten(1).sum(dim=1).tolist()
 
 
+def _layer_mask(name: str, outputs: list[Tensor], masks: dict[str, Tensor]) -> Tensor:
+    hidden = outputs[0]
+    mask = masks.get(name)
+    if mask is None:
+        return torch.ones(hidden.shape[:-1], dtype=torch.bool, device=hidden.device)
+    return mask.to(device=hidden.device, dtype=torch.bool)
+
+
 def run_probe_forward(
     trainer: Trainer,
     pl_module: LightningModule,
@@ -216,10 +232,11 @@ def run_probe_forward(
     layers: dict[str, nn.Module],
     all_tokens: bool = False,
     precision: str = "float32",
+    pooled_layers: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, LocalTokens]:
     """This rank's share of the probe set through the model: masked rows per layer (every
     position of the layer's output if ``all_tokens``, else the model's ``token_masks``, asked
-    once per batch for every layer).
+    once per batch for every layer) and, for ``pooled_layers``, each window's mean masked row.
 
     One forward pass per batch captures every layer (forward hooks), in eval mode, without
     gradients, in float32 or under the trainer's validation precision (``precision``, one of
@@ -231,6 +248,7 @@ def run_probe_forward(
     rank = trainer.global_rank
     rows: dict[str, list[Tensor]] = {name: [] for name in layers}
     counts: dict[str, list[int]] = {name: [] for name in layers}
+    means: dict[str, list[Tensor]] = {name: [] for name in pooled_layers}
     with _inference_mode_of(pl_module), _capture_outputs(layers) as captured:
         for batch_positions, is_padding in zip(plan.batches[rank], plan.padding[rank], strict=True):
             items = [dataset[windows[p]] for p in batch_positions]
@@ -247,7 +265,21 @@ def run_probe_forward(
                 rows[name].append(kept[:0] if is_padding else kept)
                 if not is_padding:
                     counts[name] += per_window
-    return {name: LocalTokens(torch.cat(rows[name]), counts[name]) for name in layers}
+                if name in means and not is_padding:
+                    mask = _layer_mask(name, captured[name], masks)
+                    means[name].append(_window_means(captured[name][0], mask))
+    return {
+        name: LocalTokens(
+            torch.cat(rows[name]),
+            counts[name],
+            _cat_or_empty(means[name], rows[name][0]) if name in means else None,
+        )
+        for name in layers
+    }
+
+
+def _cat_or_empty(parts: list[Tensor], like: Tensor) -> Tensor:
+    return torch.cat(parts) if parts else like.new_zeros((0, like.shape[-1]))
 
 
 def _all_gather(trainer: Trainer, tensor: Tensor) -> Tensor:
@@ -305,3 +337,26 @@ def gather_subsampled_tokens(
         gathered = _all_gather(trainer, padded)
         tokens[name] = gathered[keep_rank.to(rows.device), slot.to(rows.device)]
     return tokens
+
+
+def gather_window_means(
+    trainer: Trainer, plan: ProbePlan, local: dict[str, LocalTokens]
+) -> dict[str, Tensor]:
+    """Layer -> [windows, D]: each probe-set window's mean masked row, in probe-set order, the
+    same on every rank, for the layers collected with their window means."""
+    world = trainer.world_size
+    rank_positions = [plan.positions(r) for r in range(world)]
+    width = max(len(p) for p in rank_positions)
+    order = torch.full((plan.num_positions,), -1, dtype=torch.long)
+    for r, positions in enumerate(rank_positions):
+        order[positions] = torch.arange(len(positions)) + r * width
+    means: dict[str, Tensor] = {}
+    for name, layer in local.items():
+        if layer.window_means is None:
+            continue
+        mine = layer.window_means
+        padded = mine.new_zeros((width, mine.shape[1]))
+        padded[: mine.shape[0]] = mine
+        gathered = _all_gather(trainer, padded).reshape(world * width, mine.shape[1])
+        means[name] = gathered[order.to(gathered.device)]
+    return means

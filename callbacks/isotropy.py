@@ -18,16 +18,21 @@ import math
 from pathlib import Path
 from typing import Any
 
+from isoprobe.callbacks.hub import Collected, val_dataset
+from isoprobe.callbacks.measurement import Measurement, Row
 from isoprobe.callbacks.plots import cluster_colours, pca_coordinates, save_point_cloud
-from isoprobe.callbacks.probe import Measurement, Probe, Row
+from isoprobe.callbacks.probe import Probe
 from isoprobe.callbacks.publish import PointCloud, point_clouds
+from isoprobe.callbacks.readout import ReadoutMeasures
 from isoprobe.callbacks.records import DEFAULT_PROBE
+from isoprobe.callbacks.similarity import HEATMAP_DIR, PAIRS_CSV, LayerMatrix, SimilarityMeasures
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from isoprobe.metrics import ClusterCosine, ProbeMetricsConfig, Tokens, measure_tokens
+from isoprobe.metrics.plugins import import_plugins
 
 CSV_NAME = "probe_metrics.csv"
 TRAJECTORY_PNG = "probe_trajectories.png"
@@ -38,9 +43,11 @@ TOKENS_METRIC = "n_tokens"  # rows measured (after masking and subsampling)
 
 @dataclasses.dataclass
 class _Clouds:
-    """The isotropy probe's artefacts of one epoch: PCA point clouds by layer."""
+    """The isotropy probe's artefacts of one epoch: PCA point clouds by layer and the
+    layer-against-layer CKA matrix (None without it)."""
 
     clouds: dict[str, PointCloud]
+    matrix: LayerMatrix | None = None
 
 
 class IsotropyProbe(Probe):
@@ -50,6 +57,15 @@ class IsotropyProbe(Probe):
         metrics: :class:`isoprobe.metrics.ProbeMetricsConfig` fields (``metrics``: ``all`` or
             names of registered measures, ``k_min``, ``k_max``, ``min_silhouette``, ``seed``,
             ``ed_threshold``, ``rank_eps``); ``seed`` defaults to this callback's ``seed``.
+        plugins: modules to import first, whose measures (registered with
+            :func:`isoprobe.metrics.register_measure`) then run with the built-in ones.
+        similarity: :class:`~isoprobe.callbacks.similarity.SimilarityMeasures` options (``drift``,
+            ``layer_pairs``, ``debiased``): the two-token-set measures ``cka_drift`` and
+            ``cka_prev`` and the layer-against-layer CKA heatmap; None = off (the default here;
+            on in ``configs/callbacks/isotropy.yaml``).
+        readout: :class:`~isoprobe.callbacks.readout.ReadoutMeasures` options
+            (``train_fraction``): the per-layer ridge readout ``readout_nmse``,
+            ``readout_skill``; None = off (the default here; on in the config).
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
             first and last probed layer if there is no encoder layer); ``[]`` = none.
@@ -65,6 +81,9 @@ class IsotropyProbe(Probe):
     def __init__(
         self,
         metrics: dict[str, Any] | None = None,
+        plugins: list[str] | None = None,
+        similarity: dict[str, Any] | None = None,
+        readout: dict[str, Any] | None = None,
         pca_layers: list[str] | None = None,
         name: str = DEFAULT_PROBE,
         csv_name: str = CSV_NAME,
@@ -73,10 +92,14 @@ class IsotropyProbe(Probe):
         **probe: Any,
     ) -> None:
         super().__init__(name, csv_name, trajectory_png, log_prefix, **probe)
+        import_plugins(list(plugins or []), f"callbacks.{name}.plugins")
         self.metrics_config = ProbeMetricsConfig.from_any(
             {"seed": self.seed, **dict(metrics or {})}
         )
         self.pca_layers = list(pca_layers) if pca_layers is not None else None
+        self.similarity = None if similarity is None else SimilarityMeasures(**dict(similarity))
+        self.readout = None if readout is None else ReadoutMeasures(**dict(readout))
+        self.pools_windows = self.readout is not None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -109,7 +132,27 @@ class IsotropyProbe(Probe):
             if measured is not None:
                 measured.previous = None  # only the layer just before stays in memory
             previous = (layer, measured)
-        return Measurement(rows, _Clouds(clouds))
+        matrix = None
+        if self.similarity is not None:
+            pair_rows, matrix = self.similarity.measure(tokens, epoch)
+            rows += pair_rows
+        if self.readout is not None:
+            targets = self.readout.targets(val_dataset(trainer), self.window_indices)
+            rows += self.readout.measure(self.window_means, targets)
+        return Measurement(rows, _Clouds(clouds, matrix))
+
+    def take(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        collected: Collected | None,
+        epoch: int,
+        step: int,
+        pass_seconds: float,
+    ) -> None:
+        super().take(trainer, pl_module, collected, epoch, step, pass_seconds)
+        if trainer.is_global_zero and self.similarity is not None and self.similarity.layer_pairs:
+            self.similarity.write_pairs(self.output_path / PAIRS_CSV)
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
         for layer, cloud in measurement.artefacts.clouds.items():
@@ -120,9 +163,37 @@ class IsotropyProbe(Probe):
                 f"{layer}, epoch {epoch}: {len(cloud.coords)} tokens, "
                 f"{cloud.num_clusters} cluster(s)",
             )
+        if self.similarity is not None:
+            path = directory / HEATMAP_DIR / f"epoch{epoch}.png"
+            self.similarity.save_heatmap(path, epoch, measurement.artefacts.matrix)
 
     def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
-        return point_clouds(self.log_prefix, measurement.artefacts.clouds)
+        media = point_clouds(self.log_prefix, measurement.artefacts.clouds)
+        paths = self.figure_paths(epoch)
+        if paths:
+            import wandb
+
+            media.update((k, wandb.Image(str(p))) for k, p in paths.items() if p.is_file())
+        return media
+
+    def figure_paths(self, epoch: int) -> dict[str, Path]:
+        if self.similarity is None or not self.similarity.layer_pairs:
+            return {}
+        return {
+            f"{self.log_prefix}/cka_layers": self.output_path / HEATMAP_DIR / f"epoch{epoch}.png"
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.similarity is not None:
+            state["similarity"] = self.similarity.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        # saved weights probed outside fit keep no trajectory, nor its epoch-0 reference
+        if self.similarity is not None and self._saved_at is None:
+            self.similarity.load_state_dict(state_dict.get("similarity", {}))
 
     def _pca_layers(self, layers: dict[str, nn.Module]) -> list[str]:
         if self.pca_layers is not None:

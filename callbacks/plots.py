@@ -18,6 +18,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from isoprobe.metrics import metric_info  # noqa: E402
+
 
 def pca_coordinates(X: Tensor, components: int = 3) -> np.ndarray:
     """The rows of X [N, D] on their first ``components`` principal axes (zero-padded when the
@@ -79,7 +81,7 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
                 epochs = sorted(by_layer[layer])
                 values = [by_layer[layer][e] for e in epochs]
                 ax.plot(epochs, values, marker="o", ms=2, lw=1, color=colour, label=layer)
-        if metric == "partition_ratio":  # spans tens of decades across layers
+        if metric_info(metric).log_scale:
             ax.set_yscale("log")
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
@@ -178,6 +180,23 @@ def save_compression_tradeoff(path: Path, rows: Sequence[Mapping[str, float]]) -
         ax.set_ylabel(ylabel, fontsize=8)
         ax.legend(fontsize=7, frameon=False)
     cost.axhspan(0.99, 1.01, color="tab:green", alpha=0.1, lw=0)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_similarity_heatmap(
+    path: Path, layers: Sequence[str], matrix: np.ndarray, title: str
+) -> None:
+    """Layer against layer (linear CKA, 0..1; NaN: not comparable, left blank) as a heatmap."""
+    size = 2.5 + 0.28 * len(layers)
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    image = ax.imshow(np.ma.masked_invalid(matrix), vmin=0.0, vmax=1.0, cmap="viridis")
+    ax.set_xticks(range(len(layers)), layers, rotation=90, fontsize=6)
+    ax.set_yticks(range(len(layers)), layers, fontsize=6)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="linear CKA")
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

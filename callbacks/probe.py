@@ -1,28 +1,22 @@
-"""The probe framework: what every probe callback shares.
+"""The probe framework: a probe callback is a measure set of its Trainer's probe hub.
 
-A probe is a set of measures on what was collected from the model at the end of a training
-epoch. :class:`Probe` owns everything else, once for all probes:
-
-- the schedule: epoch 0 (the model as loaded) before the first training step, then after every
-  ``every_n_epochs``-th epoch (after that epoch's validation); a validation-only run
-  (``trainer.validate``) once, labelled with the epoch its weights were saved after; never in
-  the sanity check or under ``fast_dev_run``;
-- the probe set of validation windows, fixed for the run (kept in the checkpoint);
-- the collection pass: the real tokens of every probed layer (:mod:`isoprobe.callbacks.collect`),
-  run ONCE per probe time for all probes in the Trainer that read the same windows, site and
-  tokens (the union of their layers in one forward pass), then freed: the
-  :class:`~isoprobe.callbacks.sharing.SharedCollection` every probe of the Trainer holds;
-- following: a probe with ``follow=<name>`` takes the probe set and schedule of the probe of
-  that name when it is in the Trainer (:func:`~isoprobe.callbacks.sharing.followed_settings`),
-  so the two share each pass;
-- records (``probe, epoch, global_step, layer, metric, value, note``), which
-  :class:`~isoprobe.callbacks.probe_output.ProbeOutput` writes to their CSV file, draws and
-  publishes to every logger under the probe's ``log_prefix`` (W&B: plotted against
-  ``<prefix>/epoch``, a table per epoch, media the probe adds);
-- checkpoint state under a unique ``state_key`` (the probe's ``name``).
+The :class:`~isoprobe.callbacks.hub.ProbeHub` of the Trainer owns what the probes share: the
+schedule (epoch 0, the model as loaded, before the first training step; then after every
+``every_n_epochs``-th epoch, after that epoch's validation; a validation-only run
+(``trainer.validate``) once, labelled with the epoch its weights were saved after; never in the
+sanity check or under ``fast_dev_run``), following, and the collection pass (the real tokens of
+every probed layer, :mod:`isoprobe.callbacks.collect`, run ONCE per probe time for the probes
+that read the same windows, site and tokens, then freed). A :class:`Probe` joins the hub at
+setup, chooses and keeps its probe set of validation windows (in the checkpoint), measures what
+the hub hands it, and keeps its records (``probe, epoch, global_step, layer, metric, value,
+note``), which :class:`~isoprobe.callbacks.probe_output.ProbeOutput` writes to their CSV file,
+draws and publishes to every logger under the probe's ``log_prefix`` (W&B: plotted against
+``<prefix>/epoch``, a table per epoch, media the probe adds); its checkpoint state goes under a
+unique ``state_key`` (the probe's ``name``).
 
 A subclass implements :meth:`Probe.measure` (and, for pictures, :meth:`Probe.save_artefacts`
-and :meth:`Probe.wandb_media`).
+and :meth:`Probe.wandb_media`); one that measures weights only sets ``reads_tokens = False``,
+one that needs each window's pooled tokens (the readout) ``pools_windows = True``.
 """
 
 from __future__ import annotations
@@ -30,20 +24,14 @@ from __future__ import annotations
 import inspect
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from isoprobe.callbacks.collect import PROBE_PRECISIONS, WINDOW_SELECTIONS, probe_window_indices
+from isoprobe.callbacks.hub import FOLLOWED, Collected, ProbeHub, TokenRequest, val_dataset
+from isoprobe.callbacks.measurement import Measurement, Row
 from isoprobe.callbacks.probe_output import ProbeOutput
 from isoprobe.callbacks.records import make_record
-from isoprobe.callbacks.sharing import (
-    FOLLOWED,
-    SharedCollection,
-    TokenRequest,
-    followed_settings,
-    val_dataset,
-)
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -52,25 +40,9 @@ from typing_extensions import override
 
 from isoprobe.models.base import check_probe_site
 
+__all__ = ["Measurement", "Probe", "Row"]
+
 TOKEN_CHOICES = ("real", "all")
-
-
-@dataclass(frozen=True)
-class Row:
-    """One measured value: ``metric`` of ``layer`` (``note`` says why when it failed)."""
-
-    layer: str
-    metric: str
-    value: float
-    note: str = ""
-
-
-@dataclass
-class Measurement:
-    """What :meth:`Probe.measure` returns: the rows, and whatever the probe draws from."""
-
-    rows: list[Row]
-    artefacts: Any = None
 
 
 class Probe(Callback, ABC):
@@ -104,20 +76,22 @@ class Probe(Callback, ABC):
             geometry of given weights does not depend on the training precision, or
             ``trainer``: the trainer's validation precision (``bf16-mixed``: autocast).
         follow: the name of another probe whose probe set and schedule (the
-            :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings) this one takes when that
+            :data:`~isoprobe.callbacks.hub.FOLLOWED` settings) this one takes when that
             probe is in the Trainer (its own apply when it is not); a followed setting given
             here other than its default is refused then, as it would be ignored.
 
     Attributes:
-        own_settings: the :data:`~isoprobe.callbacks.sharing.FOLLOWED` settings as given.
-        collection: the :class:`~isoprobe.callbacks.sharing.SharedCollection` of the Trainer
-            this probe was set up in (None before setup).
+        own_settings: the :data:`~isoprobe.callbacks.hub.FOLLOWED` settings as given.
+        hub: the :class:`~isoprobe.callbacks.hub.ProbeHub` of the Trainer this probe was set
+            up in (None before setup); ``collection`` is the same object (its former name).
         output: the :class:`~isoprobe.callbacks.probe_output.ProbeOutput` that writes, draws
             and logs its results.
     """
 
     #: whether :meth:`measure` reads collected tokens (weights-only probes set False)
     reads_tokens = True
+    #: whether :meth:`measure` reads each probe window's mean real token per layer
+    pools_windows = False
 
     def __init__(
         self,
@@ -191,7 +165,7 @@ class Probe(Callback, ABC):
             raise ValueError(f"probe {name!r} cannot follow itself")
         self.follow = follow
         self.own_settings = {key: getattr(self, key) for key in FOLLOWED}
-        self.collection: SharedCollection | None = None
+        self.hub: ProbeHub | None = None
         self.output = ProbeOutput(self)
 
         self._records: list[dict[str, Any]] = []
@@ -200,6 +174,8 @@ class Probe(Callback, ABC):
         self._dir: Path | None = None
         self._saved_at: tuple[int, int] | None = None
         self.seconds: dict[int, float] = {}
+        #: during :meth:`measure` of a probe that pools windows: layer -> [windows, D]
+        self.window_means: dict[str, Tensor] | None = None
 
     # ---------------------------------------------------------------- what a probe measures
 
@@ -212,7 +188,8 @@ class Probe(Callback, ABC):
         epoch: int,
     ) -> Measurement:
         """The probe's rows from ``tokens`` (layer -> [N, D] collected rows, the same on every
-        rank; None if the probe does not read tokens) and/or the model's weights."""
+        rank; None if the probe does not read tokens) and/or the model's weights (a probe that
+        pools windows finds each window's mean token in :attr:`window_means`)."""
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
         """Write the probe's pictures of one epoch under ``directory`` (global rank zero)."""
@@ -226,6 +203,14 @@ class Probe(Callback, ABC):
         return {}
 
     # ---------------------------------------------------------------- public state
+
+    @property
+    def collection(self) -> ProbeHub | None:
+        """The hub of the Trainer (the shared collection pass), as :attr:`hub`."""
+        return self.hub
+
+    def has_probed(self, epoch: int) -> bool:
+        return epoch in self._probed_epochs
 
     @property
     @override
@@ -268,12 +253,9 @@ class Probe(Callback, ABC):
         root = self.output_dir if self.output_dir else trainer.log_dir or trainer.default_root_dir
         self._dir = Path(root)
         self.output.new_directory()
-        probes = [probe for probe in trainer.callbacks if isinstance(probe, Probe)]
         defaults = inspect.signature(Probe.__init__).parameters
-        settings = followed_settings(self, probes, {k: defaults[k].default for k in FOLLOWED})
-        for key, value in (settings or {}).items():
-            setattr(self, key, list(value) if isinstance(value, list) else value)
-        self.collection = SharedCollection.join(trainer, probes)
+        self.hub = ProbeHub.of(trainer)
+        self.hub.join(self, {key: defaults[key].default for key in FOLLOWED})
         self.probed_layers(pl_module)  # an unknown layer name fails before training starts
 
     @override
@@ -282,7 +264,9 @@ class Probe(Callback, ABC):
             # a resumed run's file starts with the trajectory so far
             self.output.write_csv(trainer, self._records)
         if trainer.global_step == 0:
-            self._probe(trainer, pl_module, epoch=trainer.current_epoch)
+            self.hub.probe(
+                trainer, pl_module, trainer.current_epoch, trainer.global_step, after_epoch=False
+            )
         elif not self._records:
             rank_zero_info(
                 f"{type(self).__name__}: resuming from a checkpoint without probe records; the "
@@ -294,14 +278,13 @@ class Probe(Callback, ABC):
         # Lightning runs the epoch-end validation before this hook, so this is the probe
         # "at the end of validation" of the epoch, whatever val_check_interval says
         epoch = trainer.current_epoch + 1
-        if not trainer.sanity_checking and epoch % self.every_n_epochs == 0:
-            self._probe(trainer, pl_module, epoch)
+        self.hub.probe(trainer, pl_module, epoch, trainer.global_step, after_epoch=True)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.VALIDATING and not trainer.sanity_checking:
             epoch, step = self._saved_at or (trainer.current_epoch, trainer.global_step)
-            self._probe(trainer, pl_module, epoch, step)
+            self.hub.probe(trainer, pl_module, epoch, step, after_epoch=False)
 
     @override
     def on_load_checkpoint(
@@ -317,8 +300,6 @@ class Probe(Callback, ABC):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.collection is not None:
-            self.collection.clear()
         self.output.finish(trainer, self._records)
 
     @override
@@ -391,24 +372,29 @@ class Probe(Callback, ABC):
             self.precision,
         )
 
-    def _probe(
-        self, trainer: Trainer, pl_module: LightningModule, epoch: int, step: int | None = None
+    def take(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        collected: Collected | None,
+        epoch: int,
+        step: int,
+        pass_seconds: float,
     ) -> None:
-        if epoch in self._probed_epochs or trainer.fast_dev_run:
-            return
+        """Measure what the hub collected at ``epoch`` (labelled ``step``; ``pass_seconds``: the
+        share of the collection pass this probe's time counts), record and publish it."""
         started = time.perf_counter()
-        step = trainer.global_step if step is None else step
-        tokens = None
-        if self.reads_tokens:
-            tokens = self.collection.tokens(self, trainer, pl_module, (epoch, step))
+        self.window_means = None if collected is None else collected.pooled
+        tokens = None if collected is None else collected.tokens
         measurement = self.measure(trainer, pl_module, tokens, epoch)
-        del tokens
+        self.window_means = None
+        del tokens, collected
         records = [
             make_record(epoch, step, r.layer, r.metric, r.value, r.note, probe=self.name)
             for r in measurement.rows
         ]
         self._records += records
         self._probed_epochs.add(epoch)
-        self.seconds[epoch] = time.perf_counter() - started
+        self.seconds[epoch] = pass_seconds + time.perf_counter() - started
         if trainer.is_global_zero:
             self.output.publish(trainer, epoch, step, records, measurement, self._records)

@@ -9,16 +9,37 @@ trajectory plot, and every logger of the Trainer under the probe's ``log_prefix`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
+from isoprobe.callbacks.measurement import Measurement
 from isoprobe.callbacks.plots import save_trajectories
 from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
 from isoprobe.callbacks.records import keep_foreign_file, write_records
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 
-if TYPE_CHECKING:
-    from isoprobe.callbacks.probe import Measurement, Probe
+
+class Published(Protocol):
+    """What :class:`ProbeOutput` reads of its probe (:class:`~isoprobe.callbacks.probe.Probe`)."""
+
+    log_prefix: str
+    log_tables: bool
+    figures_every_n_epochs: int
+    trajectory_png: str
+    seconds: dict[int, float]
+
+    @property
+    def csv_path(self) -> Path: ...
+
+    @property
+    def output_path(self) -> Path: ...
+
+    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None: ...
+
+    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]: ...
+
+    def figure_paths(self, epoch: int) -> dict[str, Path]: ...
 
 
 class ProbeOutput:
@@ -29,7 +50,7 @@ class ProbeOutput:
             run's records (until :meth:`new_directory`).
     """
 
-    def __init__(self, probe: Probe) -> None:
+    def __init__(self, probe: Published) -> None:
         self.probe = probe
         self.csv_checked = False
         self._wandb_defined: set[int] = set()

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from isoprobe.callbacks.measurement import Measurement, Row
 from isoprobe.callbacks.plots import save_flow_of_ranks, save_spectra
-from isoprobe.callbacks.probe import Measurement, Probe, Row
+from isoprobe.callbacks.probe import Probe
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor

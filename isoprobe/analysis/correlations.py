@@ -32,6 +32,7 @@ import pandas as pd
 
 from isoprobe.analysis.statistics import MIN_RUNS, TOO_FEW_RUNS, associate, q_values
 from isoprobe.analysis.study import Study
+from isoprobe.metrics import metrics_where
 from isoprobe.metrics.rank import is_weight_metric
 
 CORRELATION_COLUMNS = (
@@ -52,8 +53,6 @@ CORRELATION_COLUMNS = (
 BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
 #: forecast-metric prefix -> the probed epoch it pairs with (:func:`geometry_at`)
 PAIRED_PROBE = {"before": "before", "after": "after", "final": "after"}
-#: records that describe the probe, not the geometry
-BOOKKEEPING_METRICS = ("n_tokens",)
 #: why a measure of the weights alone is not tested across runs (module docstring)
 SHARED_WEIGHTS = "runs share weights"
 #: the checkpoint setting of randomly initialised weights (they differ by seed and shape)
@@ -73,7 +72,7 @@ def geometry_at(study: Study, when: str) -> pd.DataFrame:
 
 def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
     table = study.table
-    table = table[~table["metric"].isin(BOOKKEEPING_METRICS)]
+    table = table[~table["metric"].isin(metrics_where("bookkeeping"))]
     epochs = table.groupby("run")["epoch"].transform("min" if when == "before" else "max")
     at = table[table["epoch"] == epochs]
     wide = at.pivot_table(
@@ -208,7 +207,7 @@ def within_runs(study: Study) -> pd.DataFrame:
     from scipy import stats
 
     rows = []
-    table = study.table[~study.table["metric"].isin(BOOKKEEPING_METRICS)]
+    table = study.table[~study.table["metric"].isin(metrics_where("bookkeeping"))]
     epochs = table.dropna(subset=validation, how="all").groupby("run")["epoch"].nunique()
     table = table[table["run"].isin(epochs.index[epochs >= MIN_RUNS])]
     for (run, probe, metric, layer), part in table.groupby(["run", "probe", "metric", "layer"]):

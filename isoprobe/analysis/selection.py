@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from isoprobe.analysis.correlations import BOOKKEEPING_METRICS, PAIRED_PROBE, geometry_at
+from isoprobe.analysis.correlations import PAIRED_PROBE, geometry_at
 from isoprobe.analysis.study import Study
+from isoprobe.metrics import metrics_where
 
 #: fewer candidates than this make no selection task
 MIN_CANDIDATES = 3
@@ -152,7 +153,9 @@ def epochs_of_a_run(study: Study, validation_metric: str = "val_nmse") -> pd.Dat
     table = study.table
     if validation_metric not in table:
         return _summarise(pd.DataFrame(), "epochs of a run")
-    table = table[~table["metric"].isin(BOOKKEEPING_METRICS)].dropna(subset=[validation_metric])
+    table = table[~table["metric"].isin(metrics_where("bookkeeping"))].dropna(
+        subset=[validation_metric]
+    )
     per_epoch = []
     for epoch, part in table.groupby("epoch"):
         snapshot = Study(part, study.runs, study.forecast_metrics, pd.DataFrame())

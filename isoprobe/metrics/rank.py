@@ -7,6 +7,8 @@ import re
 import torch
 from torch import Tensor
 
+from isoprobe.metrics.registry import MetricInfo, describe_metric
+
 
 def singular_values(M: Tensor) -> Tensor:
     """Singular values of the matrix ``M`` in float64, descending."""
@@ -37,6 +39,12 @@ def epsilon_rank(M: Tensor, eps: float) -> int:
 WEIGHT_RANK_METRIC = re.compile(r"^rank_[a-z]+_eps[0-9.e+-]+$")
 #: the ε-rank of the probe's tokens (:func:`rank_metric` without a projection)
 TOKEN_RANK_PREFIX = "rank_uncentred_eps"
+
+
+describe_metric(r"rank_uncentred_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
+describe_metric(r"rank_[a-z]+_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
+#: the flow of ranks at the paper's middle ε in the run's summary table
+describe_metric("rank_uncentred_eps0.01", MetricInfo(direction=1, summary=True))
 
 
 def rank_metric(eps: float, projection: str | None = None) -> str:

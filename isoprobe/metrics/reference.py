@@ -98,3 +98,33 @@ def epsilon_rank(M: np.ndarray, eps: float) -> int:
     with sigma_i / sigma_1 >= eps."""
     sigma = np.linalg.svd(M, compute_uv=False)
     return int((sigma / sigma[0] >= eps).sum()) if len(sigma) and sigma[0] > 0 else 0
+
+
+def hsic(K: np.ndarray, L: np.ndarray, debiased: bool = False) -> float:
+    """The Hilbert-Schmidt independence criterion of two N x N Gram matrices. Biased (Gretton
+    et al., 2005): tr(K H L H) / (N - 1)^2 with H = I - 11^T / N. Debiased: the unbiased
+    estimator of Song et al. (2012, eq. 5), with K~, L~ the Gram matrices with zero diagonal,
+    [tr(K~ L~) + 1^T K~ 1 1^T L~ 1 / ((N - 1)(N - 2)) - 2 1^T K~ L~ 1 / (N - 2)] / (N (N - 3))."""
+    n = len(K)
+    if not debiased:
+        H = np.eye(n) - np.ones((n, n)) / n
+        return float(np.trace(K @ H @ L @ H) / (n - 1) ** 2)
+    K, L = K - np.diag(np.diag(K)), L - np.diag(np.diag(L))
+    ones = np.ones(n)
+    value = (
+        np.trace(K @ L)
+        + (ones @ K @ ones) * (ones @ L @ ones) / ((n - 1) * (n - 2))
+        - 2 * (ones @ K @ L @ ones) / (n - 2)
+    )
+    return float(value / (n * (n - 3)))
+
+
+def linear_cka(X: np.ndarray, Y: np.ndarray, debiased: bool = False) -> float:
+    """Linear centred kernel alignment (Kornblith et al., 2019, eq. 3) of two representations
+    X [N, D1] and Y [N, D2] of the same N inputs (row i of X and row i of Y the same token):
+    HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)) with the linear kernels K = X X^T and L = Y Y^T.
+    ``debiased`` takes Song et al.'s unbiased HSIC, as Nguyen et al. (2021) do for small N (a
+    debiased CKA can fall below 0). 1 when Y is X up to an orthogonal map and an isotropic
+    scale."""
+    K, L = X @ X.T, Y @ Y.T
+    return hsic(K, L, debiased) / np.sqrt(hsic(K, K, debiased) * hsic(L, L, debiased))

@@ -1,4 +1,6 @@
-"""The registry of the isotropy probe's measures: name -> function, with the keys it produces.
+"""The registry of the isotropy probe's measures: name -> function, with the keys it produces,
+and of every metric key's metadata (:class:`MetricInfo`), which the run's summary table, the
+probe's plots and ``task=analyze`` read: no metric name is written anywhere else.
 
 A measure is registered where its function is defined, with :func:`register_measure`::
 
@@ -15,6 +17,7 @@ returns exactly the keys it was registered with.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -36,6 +39,66 @@ class Measure:
     fn: Callable[[Tokens], Mapping[str, Any]]
 
 
+@dataclass(frozen=True)
+class MetricInfo:
+    """What the summary, the plots and the analysis know of a metric key.
+
+    Attributes:
+        direction: +1 where a larger value is the more isotropic (or, for a forecast measure,
+            the better) one, -1 where a smaller value is, 0 where neither (a count, a choice).
+        summary: a column of the table a run ends with (:mod:`isoprobe.tasks.summary`).
+        log_scale: plotted on a log scale (its values span decades).
+        shown: in ``task=analyze``'s scatter and trajectory figures.
+        bookkeeping: describes the probe, not the representation (``n_tokens``): left out of
+            the analysis's associations.
+    """
+
+    direction: int = 0
+    summary: bool = False
+    log_scale: bool = False
+    shown: bool = False
+    bookkeeping: bool = False
+
+    def __post_init__(self) -> None:
+        if self.direction not in (-1, 0, 1):
+            raise ValueError(f"a metric's direction is -1, 0 or +1, got {self.direction!r}")
+
+
+_INFO: dict[str, MetricInfo] = {}
+_INFO_PATTERNS: dict[str, tuple[re.Pattern[str], MetricInfo]] = {}
+
+
+def describe_metric(key: str, info: MetricInfo, pattern: bool = False) -> None:
+    """Declare the metadata of the metric ``key`` (``pattern``: of every key the regular
+    expression ``key`` matches in full, such as the rank probe's ``rank_q_eps<ε>``), for a key a
+    measure produces outside :func:`register_measure` (the rank probe, the similarity and
+    readout measures). A key declared exactly wins over a pattern."""
+    if pattern:
+        _INFO_PATTERNS[key] = (re.compile(key), info)
+    else:
+        _INFO[key] = info
+
+
+def metric_info(key: str) -> MetricInfo:
+    """The metadata of ``key``: as declared, else of the first pattern that matches it, else
+    the default (no direction, not in the summary, linear scale, not shown)."""
+    if key in _INFO:
+        return _INFO[key]
+    for regex, info in _INFO_PATTERNS.values():
+        if regex.fullmatch(key):
+            return info
+    return MetricInfo()
+
+
+def metrics_where(flag: str) -> tuple[str, ...]:
+    """The declared keys whose :class:`MetricInfo` has ``flag`` (``summary``, ``log_scale``,
+    ``shown``, ``bookkeeping``) set: the registered measures' keys in registration order, then
+    the keys declared outside it (exact ones) in declaration order."""
+    measured = [key for keys in _KEYS.values() for key in keys]
+    ordered = dict.fromkeys([*measured, *_INFO])
+    return tuple(key for key in ordered if key in _INFO and getattr(_INFO[key], flag))
+
+
 _MEASURES: dict[str, Measure] = {}
 _KEYS: dict[str, tuple[str, ...]] = {}
 #: name -> :class:`Measure`, in registration order (read-only view of the registry)
@@ -47,12 +110,21 @@ RENAMED_METRICS: Mapping[str, str] = MappingProxyType({"eps_rank": "eps_rank_cen
 
 
 def register_measure(
-    name: str, keys: Sequence[str] | None = None
+    name: str,
+    keys: Sequence[str] | None = None,
+    info: MetricInfo | Mapping[str, MetricInfo] | None = None,
 ) -> Callable[[Callable[[Tokens], Mapping[str, Any]]], Callable[[Tokens], Mapping[str, Any]]]:
     """Decorator: register ``fn(tokens) -> {key: value}`` as the measure ``name``, producing
-    ``keys`` (default: the one key ``name``). Names and keys are unique across measures (they
-    become metric names); ``all`` and former names are reserved."""
+    ``keys`` (default: the one key ``name``), with ``info``: the :class:`MetricInfo` of every
+    key, or key -> its :class:`MetricInfo` (a key left out gets the default). Names and keys
+    are unique across measures (they become metric names); ``all`` and former names are
+    reserved."""
     produced = tuple(keys) if keys is not None else (name,)
+    if isinstance(info, Mapping) and set(info) - set(produced):
+        raise ValueError(
+            f"probe measure {name!r}: metadata for keys it does not produce: "
+            f"{sorted(set(info) - set(produced))}"
+        )
 
     def register(
         fn: Callable[[Tokens], Mapping[str, Any]],
@@ -68,13 +140,19 @@ def register_measure(
             )
         _MEASURES[name] = Measure(name, produced, fn)
         _KEYS[name] = produced
+        for key in produced:
+            described = info.get(key) if isinstance(info, Mapping) else info
+            describe_metric(key, described or MetricInfo())
         return fn
 
     return register
 
 
 def unregister_measure(name: str) -> None:
-    """Remove the measure ``name`` from the registry (a plug-in's, or a test's)."""
+    """Remove the measure ``name`` and its keys' metadata from the registry (a plug-in's, or a
+    test's)."""
+    for key in _KEYS[name]:
+        _INFO.pop(key, None)
     del _MEASURES[name], _KEYS[name]
 
 

@@ -25,6 +25,8 @@ from isoprobe.metrics.registry import (
     ALL,
     ALL_METRICS,
     MEASURES,
+    MetricInfo,
+    describe_metric,
     register_measure,
     selected_measures,
 )
@@ -175,13 +177,17 @@ def probe_metrics(X: Tensor, cfg: ProbeMetricsConfig | Mapping | None = None) ->
     return measure_tokens(Tokens(X, ProbeMetricsConfig.from_any(cfg)))
 
 
-@register_measure("cos_inter")
+#: the rows a probe measured a layer on (after masking and subsampling)
+describe_metric("n_tokens", MetricInfo(bookkeeping=True))
+
+
+@register_measure("cos_inter", info=MetricInfo(direction=-1, summary=True, shown=True))
 def _cos_inter(tokens: Tokens) -> dict[str, float]:
     """Mean cosine over all token pairs, :func:`isoprobe.metrics.inter_token_cosine`."""
     return {"cos_inter": mean_pairwise_cosine(tokens.X)}
 
 
-@register_measure("cos_inter_centered")
+@register_measure("cos_inter_centered", info=MetricInfo(direction=-1, shown=True))
 def _cos_inter_centered(tokens: Tokens) -> dict[str, float]:
     """The same after subtracting the mean token (``center=True``)."""
     return {"cos_inter_centered": mean_pairwise_cosine(tokens.centred)}
@@ -190,6 +196,11 @@ def _cos_inter_centered(tokens: Tokens) -> dict[str, float]:
 @register_measure(
     "cos_cluster",
     ("cos_cluster", "cos_cluster_baseline", "cos_cluster_excess", "n_clusters", "silhouette"),
+    info={
+        "cos_cluster": MetricInfo(direction=-1),
+        "cos_cluster_excess": MetricInfo(summary=True, shown=True),
+        "silhouette": MetricInfo(shown=True),
+    },
 )
 def _cos_cluster(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.cluster_adjusted_cosine`: the value, its baseline, value -
@@ -204,7 +215,7 @@ def _cos_cluster(tokens: Tokens) -> dict[str, float]:
     }
 
 
-@register_measure("eff_dim")
+@register_measure("eff_dim", info=MetricInfo(direction=1, summary=True, shown=True))
 def _eff_dim(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.effective_dimension` at ``ed_threshold``."""
     return {
@@ -212,26 +223,34 @@ def _eff_dim(tokens: Tokens) -> dict[str, float]:
     }
 
 
-@register_measure("participation_ratio")
+@register_measure("participation_ratio", info=MetricInfo(direction=1, shown=True))
 def _participation_ratio(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.participation_ratio`."""
     return {"participation_ratio": participation_ratio_from_eigenvalues(tokens.eigenvalues)}
 
 
-@register_measure("partition_ratio", ("partition_ratio", "log_partition_ratio"))
+@register_measure(
+    "partition_ratio",
+    ("partition_ratio", "log_partition_ratio"),
+    info={
+        # spans tens of decades across layers
+        "partition_ratio": MetricInfo(direction=1, summary=True, log_scale=True),
+        "log_partition_ratio": MetricInfo(direction=1, shown=True),
+    },
+)
 def _partition_ratio(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.partition_ratio`: the ratio and its log."""
     ratio = partition_ratio_from_eigenvectors(tokens.X, tokens.uncentred_eigh[1])
     return {"partition_ratio": ratio.ratio, "log_partition_ratio": ratio.log_ratio}
 
 
-@register_measure("isoscore")
+@register_measure("isoscore", info=MetricInfo(direction=1, summary=True, shown=True))
 def _isoscore(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.isoscore`."""
     return {"isoscore": isoscore_from_eigenvalues(tokens.eigenvalues)}
 
 
-@register_measure("eps_rank_centred")
+@register_measure("eps_rank_centred", info=MetricInfo(direction=1))
 def _eps_rank_centred(tokens: Tokens) -> dict[str, float]:
     """:func:`isoprobe.metrics.epsilon_rank` of the centred X at ``rank_eps``: the dimension of
     the tokens' spread around their mean (the rank probe's ``rank_uncentred_eps<ε>`` is that of

@@ -28,28 +28,28 @@ from isoprobe.analysis.correlations import (
     summarise_within_runs,
     within_runs,
 )
+from isoprobe.analysis.depth import drift_against_gain, geometry_against_readout
 from isoprobe.analysis.report import Html, join, markup, write_report
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
+from isoprobe.analysis.stratified import confirm_findings, stratified_associations
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
+from isoprobe.metrics import metrics_where
+from isoprobe.metrics.plugins import import_plugins
 from isoprobe.tasks.output_guard import check_analysis_directory
 from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.task import Task
 
 log = logging.getLogger(__name__)
 
-#: the isotropy measures the scatter and trajectory figures show
-SHOWN_METRICS = (
-    "cos_inter",
-    "cos_inter_centered",
-    "cos_cluster_excess",
-    "eff_dim",
-    "participation_ratio",
-    "isoscore",
-    "log_partition_ratio",
-    "silhouette",
-)
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # SHOWN_METRICS: the measures the scatter and trajectory figures show, those registered
+    # with MetricInfo(shown=True), a plug-in's included, read when asked for
+    if name == "SHOWN_METRICS":
+        return metrics_where("shown")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def primary_forecast(study: Study, name: str) -> str:
@@ -99,6 +99,7 @@ def run_analyze(cfg: DictConfig) -> dict[str, Any]:
     """The analysis of ``cfg.analyze.runs`` into ``cfg.paths.output_dir`` (module docstring),
     which must not hold a run's records and is locked while the analysis writes."""
     options = cfg.analyze
+    import_plugins(list(options.get("plugins") or []), "analyze.plugins")
     runs = (
         OmegaConf.to_container(options.runs, resolve=True)
         if OmegaConf.is_config(options.runs)
@@ -144,6 +145,10 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
         written += ["correlations.csv", "within_run_summary.csv", "selection.csv"]
     table.to_csv(output / "correlations.csv", index=False)
     extra = _compared_by_forecast(study, output)
+    if not study.table.empty:
+        depth = _depth_and_strata(study, options, output)
+        written += list(depth)
+        extra.update(depth)
     moved = geometry_change(study)
     if not moved.empty:
         moved.to_csv(output / "geometry_change.csv", index=False)
@@ -167,6 +172,48 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     for name in (*written, report.name):
         print(f"  {output / name}")
     return {"task": "analyze", "runs": len(study.runs), "left_out": study.left_out}
+
+
+def _depth_and_strata(study: Study, options: DictConfig, output: Path) -> dict[str, Any]:
+    """The stratified associations, geometry against readout, drift against gain and, with
+    ``analyze.confirm``, the confirmation of the exploration runs' findings: each a CSV and a
+    table of the report (file name -> (caption, table))."""
+    n_perm, seed = int(options.n_perm), int(options.seed)
+    found: dict[str, Any] = {}
+    parts = {
+        "stratified.csv": (
+            "Rank associations that do not mix levels: Spearman's ρ inside each model and "
+            "inside each data set, combined (weighted by runs; p by permuting within them), "
+            "beside the pooled figure of correlations.csv (the 20 lowest q)",
+            stratified_associations(study, n_perm, seed),
+        ),
+        "geometry_readout.csv": (
+            "Per-layer geometry against per-layer readout error (readout_nmse): ρ across each "
+            "run's layers, combined over runs",
+            geometry_against_readout(study, n_perm, seed),
+        ),
+        "drift_gain.csv": (
+            "Drift from epoch 0 (cka_drift at the last probe) against the forecast gain of "
+            "fine-tuning (1 - after / before), across runs: pooled and within model",
+            drift_against_gain(study, n_perm, seed),
+        ),
+    }
+    confirm = options.get("confirm")
+    if confirm:
+        held = [confirm] if isinstance(confirm, str | int) else list(confirm)
+        parts["confirmation.csv"] = (
+            f"Exploration/confirmation (held out: runs of {held}): the exploration runs' "
+            "findings (q < 0.05), each tested once on the held-out runs; 'holds' = same sign "
+            "and BH q < 0.05 over the findings",
+            confirm_findings(study, held, n_perm, seed),
+        )
+    for name, (caption, frame) in parts.items():
+        if frame.empty:
+            continue
+        frame.to_csv(output / name, index=False)
+        shown = frame.sort_values("q_value").head(20) if "q_value" in frame else frame
+        found[name] = (caption, shown)
+    return found
 
 
 def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
@@ -206,7 +253,9 @@ def _figures(
             f"Per model: {forecast} beside the last layer's {metric}, every data set",
         ),
         (
-            figures.scatter(study, table, forecast, list(SHOWN_METRICS), output / "scatter.png"),
+            figures.scatter(
+                study, table, forecast, list(metrics_where("shown")), output / "scatter.png"
+            ),
             f"{forecast} against each metric of the last layer, coloured by model",
         ),
         (
@@ -215,7 +264,7 @@ def _figures(
         ),
         (
             figures.trajectories(
-                study, list(SHOWN_METRICS[:4]), factor, output / "trajectories.png"
+                study, list(metrics_where("shown")[:4]), factor, output / "trajectories.png"
             ),
             f"The last layer's metrics over epochs, per run, coloured by {factor}",
         ),

@@ -6,21 +6,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-SUMMARY_METRICS = (
-    "cos_inter",
-    "cos_cluster_excess",
-    "eff_dim",
-    "isoscore",
-    "partition_ratio",
-    "rank_uncentred_eps0.01",
-)
+from isoprobe.metrics import metrics_where
+
 FORECAST_METRICS = ("nmse", "mase", "wql")
 
 
 def probe_summary(
-    records: Iterable[Mapping], metrics: tuple[str, ...] = SUMMARY_METRICS
+    records: Iterable[Mapping], metrics: tuple[str, ...] | None = None
 ) -> dict[str, dict[str, tuple[float, float]]]:
-    """layer -> metric -> (value at the first probed epoch, value at the last)."""
+    """layer -> metric -> (value at the first probed epoch, value at the last), for ``metrics``
+    (default: those registered with ``MetricInfo(summary=True)``)."""
+    metrics = metrics_where("summary") if metrics is None else metrics
     by_key: dict[tuple[str, str], dict[int, float]] = {}
     for r in records:
         if r["metric"] in metrics:
@@ -45,10 +41,12 @@ def format_summary(
     records: list[Mapping],
     before: Mapping[str, float] | None,
     after: Mapping[str, float] | None,
-    metrics: tuple[str, ...] = SUMMARY_METRICS,
+    metrics: tuple[str, ...] | None = None,
 ) -> str:
     """A plain-text table (monospace) of :func:`probe_summary` ("first -> last", or one value
-    when a single epoch was probed) and of the forecast metrics that were measured."""
+    when a single epoch was probed; ``metrics`` default: those registered with
+    ``MetricInfo(summary=True)``) and of the forecast metrics that were measured."""
+    metrics = metrics_where("summary") if metrics is None else metrics
     lines: list[str] = []
     epochs = probe_epochs(records)
     if epochs is not None:

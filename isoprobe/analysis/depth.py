@@ -1,0 +1,99 @@
+"""Where in depth, and what changed: the readout and drift measures in ``task=analyze``.
+
+- :func:`geometry_against_readout`: per-layer geometry against per-layer readout error
+  (``readout_nmse``), one observation per run × layer at each run's last probe, the rank
+  association taken inside each run (across its layers) and combined over runs
+  (:func:`~isoprobe.analysis.stratified.stratified_spearman`): does a layer whose geometry is
+  so-and-so hold more of the forecast, whatever the model?
+- :func:`drift_against_gain`: each layer's drift from epoch 0 (``cka_drift`` at the last probe,
+  with the ``last`` and ``mean`` layer choices) against the forecast gain of fine-tuning,
+  1 - after / before of each forecast metric, across runs: pooled, and stratified by model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from isoprobe.analysis.correlations import geometry_at
+from isoprobe.analysis.statistics import associate, q_values
+from isoprobe.analysis.stratified import stratified_spearman
+from isoprobe.analysis.study import Study
+from isoprobe.metrics import metrics_where
+
+READOUT = "readout_nmse"
+DRIFT = "cka_drift"
+
+
+def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per geometry metric: runs, run × layer pairs, the within-run ρ with
+    ``readout_nmse`` combined over runs, its permutation p and BH q (empty without readout)."""
+    table = study.table
+    table = table[table["epoch"] == table.groupby("run")["epoch"].transform("max")]
+    readout = table[table["metric"] == READOUT].set_index(["run", "layer"])["value"]
+    if readout.empty:
+        return pd.DataFrame()
+    left_out = {READOUT, "readout_skill", *metrics_where("bookkeeping")}
+    geometry = table[~table["metric"].isin(left_out)]
+    wide = geometry.pivot_table(
+        index=["run", "layer"], columns=["probe", "metric"], values="value", aggfunc="first"
+    )
+    wide = wide[wide.index.isin(readout.index)]
+    if wide.empty:
+        return pd.DataFrame()
+    y = readout.reindex(wide.index).to_numpy(dtype=float)
+    strata = wide.index.get_level_values("run").to_numpy()
+    rho, p, n = stratified_spearman(wide.to_numpy(dtype=float), y, strata, n_perm, seed)
+    out = pd.DataFrame(
+        {
+            "probe": wide.columns.get_level_values(0),
+            "metric": wide.columns.get_level_values(1),
+            "pairs": n,
+            "runs": len(pd.unique(strata)),
+            "spearman_within_run": rho,
+            "p_value": p,
+        }
+    )
+    out["q_value"] = q_values(out["p_value"].to_numpy())
+    return out
+
+
+def drift_against_gain(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per drift column (layer, ``last``, ``mean``) × forecast metric with a before and
+    an after value: the pooled ρ with the gain 1 - after / before (and its p), and the ρ
+    stratified by model (and its p); BH q over the table (empty without drift or training)."""
+    geometry = geometry_at(study, "after")
+    drift = [c for c in geometry.columns if c[1] == DRIFT and c[2] != "embed"]
+    runs = study.runs.set_index("run")
+    parts = []
+    for before in [f for f in study.forecast_metrics if f.startswith("before_")]:
+        after = "after_" + before.removeprefix("before_")
+        if not drift or after not in runs:
+            continue
+        gain = 1.0 - runs[after] / runs[before]
+        rows = [r for r in geometry.index if np.isfinite(gain.get(r, np.nan))]
+        if not rows:
+            continue
+        x = geometry.loc[rows, drift].to_numpy(dtype=float)
+        y = gain.loc[rows].to_numpy(dtype=float)
+        pooled = associate(x, y[:, None], n_boot=0, n_perm=n_perm, seed=seed)
+        models = runs.loc[rows, "model"].astype(str).to_numpy()
+        rho, p, _ = stratified_spearman(x, y, models, n_perm, seed)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "layer": [c[2] for c in drift],
+                    "forecast_gain": "gain_" + before.removeprefix("before_"),
+                    "n": pooled.n,
+                    "spearman": pooled.spearman,
+                    "p_value": pooled.p_value,
+                    "spearman_within_model": rho,
+                    "p_within_model": p,
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True)
+    out["q_value"] = q_values(out["p_value"].to_numpy())
+    return out

@@ -1,0 +1,92 @@
+"""Linear CKA of two token matrices of the same tokens, in feature space (the plain definition,
+through N x N Gram matrices, is :func:`isoprobe.metrics.reference.linear_cka`).
+
+With C_X, C_Y the centred rows, the biased HSIC is ||C_Y^T C_X||_F^2 / (N - 1)^2 (Kornblith et
+al., 2019, eq. 2), an O(N D1 D2) product instead of the N x N Gram matrices. Song et al.'s
+unbiased HSIC is written in the same terms: for centred rows the Gram matrix K = C C^T has
+K 1 = 0, so with s_i = ||c_i||^2 (its diagonal), 1^T K~ 1 = -sum s, K~ 1 = -s and
+tr(K~ L~) = ||C_Y^T C_X||_F^2 - sum s^X_i s^Y_i. The unbiased estimator does not change when
+the rows are shifted, so centring first gives the same value and keeps the common offset of a
+transformer layer out of the rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from torch import Tensor
+
+from isoprobe.metrics._tokens import as_token_matrix, centre
+from isoprobe.metrics.registry import MetricInfo, describe_metric
+
+#: 1 - CKA of a layer against itself at epoch 0 (callbacks/similarity.py)
+describe_metric("cka_drift", MetricInfo(summary=True, shown=True))
+#: CKA of a layer with the layer probed before it
+describe_metric("cka_prev", MetricInfo())
+
+
+@dataclass(frozen=True)
+class CkaSide:
+    """One token matrix prepared for CKA: its centred rows, their squared norms and its
+    self-HSIC terms, computed once however many matrices it is compared with."""
+
+    centred: Tensor  # [N, D] float64
+
+    @classmethod
+    def of(cls, X: Tensor, name: str = "X") -> CkaSide:
+        return cls(centre(as_token_matrix(X, name=name, min_rows=4)))
+
+    @property
+    def n(self) -> int:
+        return self.centred.shape[0]
+
+    @cached_property
+    def squared_norms(self) -> Tensor:
+        return (self.centred * self.centred).sum(dim=1)
+
+    @cached_property
+    def gram_sq(self) -> float:
+        """||C^T C||_F^2, by the very product the cross term of two sides takes, so that a
+        matrix against an identical one has CKA exactly 1 (drift exactly 0)."""
+        gram = self.centred.T @ self.centred
+        return float((gram * gram).sum())
+
+    def self_hsic(self, debiased: bool) -> float:
+        return _hsic(self.gram_sq, self, self, debiased)
+
+
+def _hsic(cross_sq: float, x: CkaSide, y: CkaSide, debiased: bool) -> float:
+    """HSIC of two centred sides from ||C_Y^T C_X||_F^2 (``cross_sq``), up to a factor that
+    CKA's ratio cancels (1 / (N - 1)^2 biased, 1 / (N (N - 3)) debiased)."""
+    if not debiased:
+        return cross_sq
+    n = x.n
+    sx, sy = x.squared_norms, y.squared_norms
+    trace = cross_sq - float((sx * sy).sum())
+    return trace + float(sx.sum() * sy.sum()) / ((n - 1) * (n - 2)) - 2 * float(sx @ sy) / (n - 2)
+
+
+def cka_of_sides(x: CkaSide, y: CkaSide, debiased: bool = False) -> float:
+    """Linear CKA of two prepared sides of the same N tokens (see :func:`linear_cka`)."""
+    if x.n != y.n:
+        raise ValueError(
+            f"CKA compares two representations of the same tokens, row for row: got {x.n} and "
+            f"{y.n} rows"
+        )
+    cross = y.centred.T @ x.centred
+    cross_sq = float((cross * cross).sum())
+    denominator = x.self_hsic(debiased) * y.self_hsic(debiased)
+    if not denominator > 0:
+        return float("nan")  # a side with no spread (all rows equal) has no CKA
+    return _hsic(cross_sq, x, y, debiased) / denominator**0.5
+
+
+def linear_cka(X: Tensor, Y: Tensor, debiased: bool = False) -> float:
+    """Linear CKA (Kornblith et al., 2019) of X [N, D1] and Y [N, D2], row i of each the same
+    token: HSIC(X, Y) / sqrt(HSIC(X, X) HSIC(Y, Y)) with linear kernels, in [0, 1]; 1 when Y
+    is X up to an orthogonal map, an isotropic scale and a shift. ``debiased``: Song et al.'s
+    unbiased HSIC (Nguyen et al., 2021), for few tokens against wide layers (it can fall below
+    0). NaN when X or Y has no spread. Float64 on the inputs' device; a ValueError for fewer
+    than 4 rows, non-finite values or different row counts."""
+    return cka_of_sides(CkaSide.of(X, "X"), CkaSide.of(Y, "Y"), debiased)
