@@ -42,8 +42,7 @@ class ObjectiveError(IsoprobeError, ValueError):
 def newest_checkpoint(run_dir: Path) -> Path | None:
     """The newest of ``checkpoints/last.ckpt`` and Lightning's ``hpc_ckpt_<n>.ckpt`` in
     ``run_dir`` (None when there is neither)."""
-    found = [p for p in (run_dir / "checkpoints" / "last.ckpt",) if p.is_file()]
-    found += list(run_dir.glob("hpc_ckpt_*.ckpt"))
+    found = [*run_dir.glob("checkpoints/last.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
     return max(found, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
