@@ -22,7 +22,7 @@ from isoprobe.callbacks.measurement import Row
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from isoprobe.metrics.readout import ridge_readout
+from isoprobe.metrics.readout import READOUT_NMSE, READOUT_SKILL, ridge_readout
 
 
 def scaled_horizon(context: Tensor, target: Tensor) -> Tensor:
@@ -71,12 +71,10 @@ class ReadoutMeasures:
                     features[train], targets[train], features[test], targets[test]
                 )
             except ValueError as err:
-                rows += [
-                    Row(layer, m, math.nan, str(err)) for m in ("readout_nmse", "readout_skill")
-                ]
+                rows += [Row(layer, m, math.nan, str(err)) for m in (READOUT_NMSE, READOUT_SKILL)]
                 continue
             rows += [
-                Row(layer, "readout_nmse", readout.nmse),
-                Row(layer, "readout_skill", readout.skill),
+                Row(layer, READOUT_NMSE, readout.nmse),
+                Row(layer, READOUT_SKILL, readout.skill),
             ]
         return rows

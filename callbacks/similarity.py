@@ -33,7 +33,7 @@ from isoprobe.callbacks.measurement import Row
 from isoprobe.callbacks.plots import save_similarity_heatmap
 from torch import Tensor
 
-from isoprobe.metrics.similarity import CkaSide, cka_of_sides
+from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
 
 HEATMAP_DIR = "cka_layers"
 PAIRS_CSV = "cka_layers.csv"
@@ -103,7 +103,7 @@ class SimilarityMeasures:
                 before = self._reference_sides[layer] = CkaSide.of(
                     reference.to(side.centred.device)
                 )
-            rows.append(Row(layer, "cka_drift", 1.0 - cka_of_sides(side, before, self.debiased)))
+            rows.append(Row(layer, CKA_DRIFT, 1.0 - cka_of_sides(side, before, self.debiased)))
         return rows
 
     def _pairs(self, sides: dict[str, CkaSide]) -> LayerMatrix:
@@ -164,5 +164,5 @@ def _previous_rows(matrix: LayerMatrix) -> list[Row]:
     for i in range(1, len(matrix.layers)):
         value = matrix.values[i, i - 1]
         if not math.isnan(value):
-            rows.append(Row(matrix.layers[i], "cka_prev", float(value)))
+            rows.append(Row(matrix.layers[i], CKA_PREV, float(value)))
     return rows

@@ -20,9 +20,8 @@ from isoprobe.analysis.statistics import associate, q_values
 from isoprobe.analysis.stratified import stratified_spearman
 from isoprobe.analysis.study import Study
 from isoprobe.metrics import metrics_where
-
-READOUT = "readout_nmse"
-DRIFT = "cka_drift"
+from isoprobe.metrics.readout import READOUT_NMSE as READOUT
+from isoprobe.metrics.similarity import CKA_DRIFT as DRIFT
 
 
 def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
@@ -33,7 +32,7 @@ def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) ->
     readout = table[table["metric"] == READOUT].set_index(["run", "layer"])["value"]
     if readout.empty:
         return pd.DataFrame()
-    left_out = {READOUT, "readout_skill", *metrics_where("bookkeeping")}
+    left_out = {*metrics_where("forecast"), *metrics_where("bookkeeping")}
     geometry = table[~table["metric"].isin(left_out)]
     wide = geometry.pivot_table(
         index=["run", "layer"], columns=["probe", "metric"], values="value", aggfunc="first"

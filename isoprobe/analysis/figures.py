@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 
 from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
+from isoprobe.metrics.rank import token_rank_epsilon  # noqa: E402
 
 #: at most this many lines are told apart one colour each (compression); beyond, per model
 MAX_LINES_APART = 10
@@ -249,16 +250,13 @@ def flow_of_ranks(study: Study, path: Path) -> Path | None:
     depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side. A
     model run on several data sets is drawn as its median over them, its range shaded."""
     table = study.table
-    part = table[
-        (table["probe"] == "rank") & table["metric"].str.fullmatch(r"rank_uncentred_eps[\d.e-]+")
-    ]
+    epsilon = table["metric"].map(token_rank_epsilon)
+    part = table[(table["probe"] == "rank") & epsilon.notna()]
     part = part[part["layer"].str.fullmatch(BLOCK.pattern) & (part["epoch"] == 0)]
     if part.empty:
         return None
     part = part.assign(model=part["model"].astype(str))
-    metrics = sorted(
-        part["metric"].unique(), key=lambda m: float(m.removeprefix("rank_uncentred_eps"))
-    )
+    metrics = sorted(part["metric"].unique(), key=token_rank_epsilon)
     models = sorted(part["model"].unique())
     colours = _palette(models)
     shade = float(np.clip(0.75 / len(models), 0.06, 0.2))  # fainter the more bands overlap

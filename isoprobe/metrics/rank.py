@@ -39,12 +39,12 @@ def epsilon_rank(M: Tensor, eps: float) -> int:
 WEIGHT_RANK_METRIC = re.compile(r"^rank_[a-z]+_eps[0-9.e+-]+$")
 #: the ε-rank of the probe's tokens (:func:`rank_metric` without a projection)
 TOKEN_RANK_PREFIX = "rank_uncentred_eps"
+TOKEN_RANK_METRIC = re.compile(rf"{TOKEN_RANK_PREFIX}([0-9.e+-]+)")
 
-
-describe_metric(r"rank_uncentred_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
+describe_metric(TOKEN_RANK_METRIC.pattern, MetricInfo(direction=1), pattern=True)
 describe_metric(r"rank_[a-z]+_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
 #: the flow of ranks at the paper's middle ε in the run's summary table
-describe_metric("rank_uncentred_eps0.01", MetricInfo(direction=1, summary=True))
+describe_metric(f"{TOKEN_RANK_PREFIX}0.01", MetricInfo(direction=1, summary=True))
 
 
 def rank_metric(eps: float, projection: str | None = None) -> str:
@@ -53,6 +53,12 @@ def rank_metric(eps: float, projection: str | None = None) -> str:
     if projection is None:
         return f"{TOKEN_RANK_PREFIX}{eps:g}"
     return f"rank_{projection}_eps{eps:g}"
+
+
+def token_rank_epsilon(metric: str) -> float | None:
+    """The ε of a token ε-rank's metric name (``rank_uncentred_eps0.01`` -> 0.01), else None."""
+    found = TOKEN_RANK_METRIC.fullmatch(metric)
+    return float(found.group(1)) if found else None
 
 
 def is_weight_metric(metric: str) -> bool:

@@ -18,8 +18,16 @@ from torch import Tensor
 
 from isoprobe.metrics.registry import MetricInfo, describe_metric
 
-describe_metric("readout_nmse", MetricInfo(direction=-1, summary=True, log_scale=True, shown=True))
-describe_metric("readout_skill", MetricInfo(direction=1))
+#: the readout's test error per layer: where in depth the forecast forms (task=analyze's depth)
+READOUT_NMSE = "readout_nmse"
+#: 1 - the readout's NMSE / that of predicting the training windows' mean horizon
+READOUT_SKILL = "readout_skill"
+
+describe_metric(
+    READOUT_NMSE,
+    MetricInfo(direction=-1, summary=True, log_scale=True, shown=True, forecast=True),
+)
+describe_metric(READOUT_SKILL, MetricInfo(direction=1, forecast=True))
 
 #: the ridge penalties tried, relative to the mean squared singular value of the features
 RELATIVE_ALPHAS = tuple(10.0**k for k in range(-4, 5))

@@ -51,6 +51,8 @@ class MetricInfo:
         shown: in ``task=analyze``'s scatter and trajectory figures.
         bookkeeping: describes the probe, not the representation (``n_tokens``): left out of
             the analysis's associations.
+        forecast: measures a forecast read from the representation (the readout), not its
+            geometry: the analysis sets it against the geometry instead of among it.
     """
 
     direction: int = 0
@@ -58,6 +60,7 @@ class MetricInfo:
     log_scale: bool = False
     shown: bool = False
     bookkeeping: bool = False
+    forecast: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in (-1, 0, 1):
@@ -92,8 +95,8 @@ def metric_info(key: str) -> MetricInfo:
 
 def metrics_where(flag: str) -> tuple[str, ...]:
     """The declared keys whose :class:`MetricInfo` has ``flag`` (``summary``, ``log_scale``,
-    ``shown``, ``bookkeeping``) set: the registered measures' keys in registration order, then
-    the keys declared outside it (exact ones) in declaration order."""
+    ``shown``, ``bookkeeping``, ``forecast``) set: the registered measures' keys in registration
+    order, then the keys declared outside it (exact ones) in declaration order."""
     measured = [key for keys in _KEYS.values() for key in keys]
     ordered = dict.fromkeys([*measured, *_INFO])
     return tuple(key for key in ordered if key in _INFO and getattr(_INFO[key], flag))

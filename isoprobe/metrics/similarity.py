@@ -21,9 +21,13 @@ from isoprobe.metrics._tokens import as_token_matrix, centre
 from isoprobe.metrics.registry import MetricInfo, describe_metric
 
 #: 1 - CKA of a layer against itself at epoch 0 (callbacks/similarity.py)
-describe_metric("cka_drift", MetricInfo(summary=True, shown=True))
+CKA_DRIFT = "cka_drift"
+
+describe_metric(CKA_DRIFT, MetricInfo(summary=True, shown=True))
 #: CKA of a layer with the layer probed before it
-describe_metric("cka_prev", MetricInfo())
+CKA_PREV = "cka_prev"
+
+describe_metric(CKA_PREV, MetricInfo())
 
 
 @dataclass(frozen=True)

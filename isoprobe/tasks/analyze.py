@@ -28,7 +28,7 @@ from isoprobe.analysis.correlations import (
     summarise_within_runs,
     within_runs,
 )
-from isoprobe.analysis.depth import drift_against_gain, geometry_against_readout
+from isoprobe.analysis.depth import DRIFT, READOUT, drift_against_gain, geometry_against_readout
 from isoprobe.analysis.report import Html, join, markup, write_report
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
@@ -188,12 +188,12 @@ def _depth_and_strata(study: Study, options: DictConfig, output: Path) -> dict[s
             stratified_associations(study, n_perm, seed),
         ),
         "geometry_readout.csv": (
-            "Per-layer geometry against per-layer readout error (readout_nmse): ρ across each "
+            f"Per-layer geometry against per-layer readout error ({READOUT}): ρ across each "
             "run's layers, combined over runs",
             geometry_against_readout(study, n_perm, seed),
         ),
         "drift_gain.csv": (
-            "Drift from epoch 0 (cka_drift at the last probe) against the forecast gain of "
+            f"Drift from epoch 0 ({DRIFT} at the last probe) against the forecast gain of "
             "fine-tuning (1 - after / before), across runs: pooled and within model",
             drift_against_gain(study, n_perm, seed),
         ),

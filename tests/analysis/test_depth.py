@@ -12,8 +12,9 @@ from isoprobe.analysis.study import Study
 
 def _study(rng: np.random.Generator) -> Study:
     """12 runs of 2 models, 4 blocks, probed at epochs 0 and 1: ``isoscore`` rises with the
-    readout error across a run's layers (each run at its own level), ``eff_dim`` is noise, and
-    the last block's drift follows the run's gain."""
+    readout error across a run's layers (each run at its own level), ``eff_dim`` is noise, the
+    readout's skill mirrors its error (a forecast measure, not geometry), and the last block's
+    drift follows the run's gain."""
     runs, table = [], []
     for i in range(12):
         run, before = f"run{i}", float(rng.uniform(0.5, 1.0))
@@ -34,6 +35,7 @@ def _study(rng: np.random.Generator) -> Study:
                 error = float(rng.uniform())
                 values = {
                     "readout_nmse": error,
+                    "readout_skill": 1.0 - error,
                     "isoscore": level + error + 0.01 * rng.normal(),
                     "eff_dim": rng.uniform(),
                     "cka_drift": 0.0 if epoch == 0 else gain * (block + 1) + 0.01 * rng.normal(),
@@ -56,6 +58,7 @@ def _study(rng: np.random.Generator) -> Study:
 def test_geometry_against_readout_finds_the_within_run_association():
     found = geometry_against_readout(_study(np.random.default_rng(0)), n_perm=500)
     by_metric = found.set_index("metric")
+    # the readout's own measures are the other side of the association, not geometry
     assert set(by_metric.index) == {"isoscore", "eff_dim", "cka_drift"}
     assert by_metric.at["isoscore", "spearman_within_run"] > 0.95
     assert by_metric.at["isoscore", "pairs"] == 48 and by_metric.at["isoscore", "runs"] == 12

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from isoprobe.metrics import epsilon_rank, singular_values
+from isoprobe.metrics.rank import rank_metric, token_rank_epsilon
 
 
 def with_singular_values(sigma: list[float], rows: int, seed: int = 0) -> torch.Tensor:
@@ -49,3 +50,15 @@ def test_bad_eps_or_shape_is_refused():
         epsilon_rank(torch.eye(3), 0.0)
     with pytest.raises(ValueError, match="2-D"):
         singular_values(torch.ones(2, 2, 2))
+
+
+def test_a_token_rank_name_gives_back_its_epsilon_and_other_names_none():
+    for eps in (0.1, 0.01, 1e-3, 1e-6):
+        assert token_rank_epsilon(rank_metric(eps)) == pytest.approx(eps, rel=1e-12)
+    for other in (
+        rank_metric(0.01, "q"),
+        "isoscore",
+        "rank_uncentred_eps",
+        "x_rank_uncentred_eps0.1",
+    ):
+        assert token_rank_epsilon(other) is None
