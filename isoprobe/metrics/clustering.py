@@ -139,7 +139,7 @@ def cluster_adjusted_cosine(
     Euclidean silhouette, or one cluster when that is below ``min_silhouette``; inside each
     cluster subtract its centroid and take the mean inter-token cosine of its members of
     nonzero norm; ``value`` is the unweighted mean over clusters with at least two of them
-    (NaN if none). Near 0 is isotropic; read it against ``baseline`` (README, "Reading the
+    (NaN if none). Near 0 is isotropic; read it against ``baseline`` (docs/measures.md, "Reading the
     cluster-adjusted cosine").
     """
     X = as_token_matrix(X)

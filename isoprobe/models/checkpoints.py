@@ -85,7 +85,7 @@ def bundled_path(name: str) -> Path:
         raise CheckpointError(
             f"the bundled checkpoint {name!r} is missing at {path}: this installation of "
             "isoprobe is incomplete. Reinstall isoprobe, or recreate it with the pretraining "
-            "command in the README (task=pretrain)."
+            "command in docs/models.md (task=pretrain)."
         )
     return path
 
