@@ -22,7 +22,9 @@ is shared (:func:`model_pair_matrices`).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import AnalysisError, Study
 from isoprobe.callbacks.window_means import (
     DIRECTORY,
     FILES,
@@ -117,14 +119,32 @@ def shared_windows(a: torch.Tensor, b: torch.Tensor) -> tuple[list[int], list[in
 def model_similarity(study: Study, min_windows: int = MIN_WINDOWS) -> pd.DataFrame:
     """One row per pair of runs on the same data, epoch kind, layer of the first and layer of
     the second (:data:`COLUMNS`; module docstring). Empty when no run saved window means."""
+    if min_windows < 4:
+        raise AnalysisError(
+            f"analyze.min_shared_windows={min_windows}: debiased CKA needs at least 4 windows "
+            f"(the default, {MIN_WINDOWS}, keeps its estimate from swinging on a few)"
+        )
     runs = saved_runs(study)
     rows: list[dict[str, Any]] = []
-    for i, a in enumerate(runs):
-        for b in runs[i + 1 :]:
-            if a.data_key == b.data_key:
-                for kind in EPOCH_KINDS:
-                    rows += pair_rows(a, b, kind, min_windows)
+    with _one_thread():
+        for i, a in enumerate(runs):
+            for b in runs[i + 1 :]:
+                if a.data_key == b.data_key:
+                    for kind in EPOCH_KINDS:
+                        rows += pair_rows(a, b, kind, min_windows)
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One torch thread: the products here are a few dozen windows square, too small to
+    split, and threads that wait on busy cores make each one hundreds of times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def pair_rows(a: SavedRun, b: SavedRun, kind: str, min_windows: int) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from isoprobe.analysis.correlations import (
 from isoprobe.analysis.depth import drift_against_gain, geometry_against_readout
 from isoprobe.analysis.model_similarity import (
     EPOCH_KINDS,
+    MIN_WINDOWS,
     ModelPair,
     best_match,
     model_pair_matrices,
@@ -168,7 +169,8 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
         )
     drawn += extra.pop("figures")
     written += list(extra)
-    models = _model_against_model(study, int(options.get("min_shared_windows", 8)), output)
+    min_windows = int(options.get("min_shared_windows", MIN_WINDOWS))
+    models = _model_against_model(study, min_windows, output)
     if models:
         written.append("model_similarity.csv")
     if not selection.empty:
@@ -411,10 +413,12 @@ def _pair_line(pair: ModelPair) -> Html:
     for kind in EPOCH_KINDS:
         match = best_match(pair, kind)
         if match is not None:
-            when = "before training" if kind == "epoch0" else "at the last probe"
             found.append(
                 markup(
-                    "{when}: {layer} (CKA {value:.3f})", when=when, layer=match[1], value=match[2]
+                    "{when}: {layer} (CKA {value:.3f})",
+                    when=figures.EPOCH_KIND_TITLES[kind],
+                    layer=match[1],
+                    value=match[2],
                 )
             )
     last = pair.matrices[next(iter(pair.matrices))].index[-1]

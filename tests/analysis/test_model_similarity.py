@@ -16,7 +16,7 @@ import torch
 from isoprobe.callbacks.window_means import DIRECTORY, FILES, write_window_means
 
 from isoprobe.analysis.model_similarity import MIN_WINDOWS, model_pair_matrices, model_similarity
-from isoprobe.analysis.study import load_study
+from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics import reference
 from tests.analysis.probed_runs import analyse, probed_run
 
@@ -200,3 +200,10 @@ def test_an_unreadable_file_leaves_a_note_on_that_runs_pairs_and_the_analysis_go
     assert "Model against model" in page
     assert page.count("alpha against beta (1 run pair): the layer of beta closest to alpha's") == 1
     assert "is not a safetensors file" in page
+
+
+def test_a_minimum_below_what_debiased_cka_needs_is_refused(tmp_path):
+    root = tmp_path / "sweep"
+    _save(_run(root, "a", "alpha"), _means(0), WINDOWS)
+    with pytest.raises(AnalysisError, match="min_shared_windows=3: debiased CKA needs at least 4"):
+        model_similarity(load_study([str(root)]), min_windows=3)
