@@ -128,7 +128,8 @@ def test_last_layer_correlation_equals_scipy_on_the_run_files(sweep, analysis):
 
 def test_report_embeds_the_figures_and_a_sortable_table(analysis):
     page = (analysis / "report.html").read_text()
-    figures = ("papers_form", "scatter", "heatmap", "flow_of_ranks")  # no epochs: no trajectories
+    # no epochs: no trajectories; two models: one model-against-model heatmap
+    figures = ("papers_form", "scatter", "heatmap", "flow_of_ranks", "model_similarity/pair0")
     for figure in figures:
         assert (analysis / f"{figure}.png").is_file()
     assert page.count("data:image/png;base64,") == len(figures)
