@@ -8,6 +8,7 @@ import copy
 import json
 import pickle
 import struct
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -21,6 +22,7 @@ from isoprobe.callbacks.window_means import (
     read_window_means,
     write_window_means,
 )
+from lightning.pytorch.callbacks import ModelCheckpoint
 from probe_toy import CONTEXT, HORIZON, ToyData, ToyForecaster, tokens_by_hand
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
@@ -157,3 +159,29 @@ def test_a_file_that_is_not_a_window_means_file_is_refused_naming_it(tmp_path, c
     with pytest.raises(WindowMeansError, match=reason) as caught:
         read_window_means(path)
     assert str(path) in str(caught.value)
+
+
+def test_a_resumed_run_keeps_its_epoch_0_file_and_moves_its_last_one_on(tmp_path):
+    def fit(max_epochs: int, ckpt_path: Path | None = None) -> None:
+        probe = IsotropyProbe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
+        saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
+        L.Trainer(
+            callbacks=[probe, saving],
+            accelerator="cpu",
+            devices=1,
+            max_epochs=max_epochs,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            logger=False,
+        ).fit(ToyForecaster(), datamodule=SeriesWindows(), ckpt_path=ckpt_path)
+
+    fit(max_epochs=1)
+    first = tmp_path / DIRECTORY / FILES["epoch0"]
+    before = first.read_bytes()
+    assert read_window_means(tmp_path / DIRECTORY / FILES["last"]).epoch == 1
+    fit(max_epochs=3, ckpt_path=tmp_path / "ckpt" / "last.ckpt")
+    # the resumed run does not probe epoch 0 again: the file of the weights before training
+    # stays as the first part wrote it
+    assert first.read_bytes() == before
+    assert read_window_means(tmp_path / DIRECTORY / FILES["last"]).epoch == 3
