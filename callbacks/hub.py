@@ -11,8 +11,8 @@
 - **The collection pass.** Members whose :class:`TokenRequest` is equal (the same windows,
   site, tokens, batch size, token count, seed and precision) read ONE forward pass
   (:mod:`isoprobe.callbacks.collect`): the union of their layers, each member takes its own,
-  and the pass is freed when they have measured. Members that pool windows (the readout) get
-  each window's mean real token per layer from that same pass.
+  and the pass is freed when they have measured. Members that pool windows (the readout, the
+  saved window means) get each window's mean real token per layer from that same pass.
 
 Data flows one way: the hub collects and hands each member its tokens; members only measure,
 record and publish. This module imports no probe (members are :class:`Member` protocols), so

@@ -8,7 +8,10 @@ with a fixed seed, go through :func:`isoprobe.metrics.probe_metrics` in float64 
 Outputs: ``probe/<metric>/<layer>`` and ``probe/epoch`` to every logger (rank zero);
 ``csv_name`` (``probe_metrics.csv``: one row per epoch x layer x metric, rewritten atomically
 every probe), ``pca/<layer>_epoch<e>.png`` and, at the end of fit, ``probe_trajectories.png`` in
-the output directory; with a W&B logger also a per-epoch table and 3-D PCA point clouds.
+the output directory; with a W&B logger also a per-epoch table and 3-D PCA point clouds. With
+``save_window_means``, each probe window's mean real token per layer goes to
+``window_means/epoch0.safetensors`` and ``window_means/last.safetensors``
+(:mod:`isoprobe.callbacks.window_means`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from isoprobe.callbacks.publish import PointCloud, point_clouds
 from isoprobe.callbacks.readout import ReadoutMeasures
 from isoprobe.callbacks.records import DEFAULT_PROBE
 from isoprobe.callbacks.similarity import HEATMAP_DIR, PAIRS_CSV, LayerMatrix, SimilarityMeasures
+from isoprobe.callbacks.window_means import DIRECTORY, FILES, window_identity, write_window_means
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -66,6 +70,10 @@ class IsotropyProbe(Probe):
         readout: :class:`~isoprobe.callbacks.readout.ReadoutMeasures` options
             (``train_fraction``): the per-layer ridge readout ``readout_nmse``,
             ``readout_skill``; None = off (the default here; on in the config).
+        save_window_means: save each probe window's mean real token per probed layer
+            (:mod:`~isoprobe.callbacks.window_means`: ``window_means/epoch0.safetensors`` and
+            ``window_means/last.safetensors``), for ``task=analyze``'s model-against-model CKA;
+            off here, on in the config.
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
             first and last probed layer if there is no encoder layer); ``[]`` = none.
@@ -85,6 +93,7 @@ class IsotropyProbe(Probe):
         similarity: dict[str, Any] | None = None,
         readout: dict[str, Any] | None = None,
         pca_layers: list[str] | None = None,
+        save_window_means: bool = False,
         name: str = DEFAULT_PROBE,
         csv_name: str = CSV_NAME,
         trajectory_png: str = TRAJECTORY_PNG,
@@ -99,7 +108,9 @@ class IsotropyProbe(Probe):
         self.pca_layers = list(pca_layers) if pca_layers is not None else None
         self.similarity = None if similarity is None else SimilarityMeasures(**dict(similarity))
         self.readout = None if readout is None else ReadoutMeasures(**dict(readout))
-        self.pools_windows = self.readout is not None
+        self.save_window_means = bool(save_window_means)
+        self.pools_windows = self.readout is not None or self.save_window_means
+        self._unsaved_warned = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -153,6 +164,26 @@ class IsotropyProbe(Probe):
         super().take(trainer, pl_module, collected, epoch, step, pass_seconds)
         if trainer.is_global_zero and self.similarity is not None and self.similarity.layer_pairs:
             self.similarity.write_pairs(self.output_path / PAIRS_CSV)
+        if trainer.is_global_zero and self.save_window_means and collected is not None:
+            self._write_window_means(trainer, collected.pooled or {}, epoch)
+
+    def _write_window_means(self, trainer: Trainer, means: dict[str, Tensor], epoch: int) -> None:
+        """The window means of this probe as ``last`` and, at epoch 0, also as ``epoch0``
+        (global rank zero; the gathered means are the same on every rank)."""
+        identity = window_identity(val_dataset(trainer), self.window_indices)
+        if identity is None:
+            if not self._unsaved_warned:
+                rank_zero_warn(
+                    "IsotropyProbe: window means not saved: the validation set does not say "
+                    "where its windows start (a `starts` array of (series, forecast origin) "
+                    "rows, as isoprobe.data.windows.WindowDataset has)"
+                )
+                self._unsaved_warned = True
+            return
+        kinds = ("epoch0", "last") if epoch == 0 else ("last",)
+        for kind in kinds:
+            path = self.output_path / DIRECTORY / FILES[kind]
+            write_window_means(path, means, *identity, epoch)
 
     def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
         for layer, cloud in measurement.artefacts.clouds.items():

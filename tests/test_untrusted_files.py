@@ -19,6 +19,7 @@ import pyarrow.feather
 import pyarrow.parquet
 import pytest
 import torch
+from isoprobe.callbacks.window_means import WindowMeansError, read_window_means
 from safetensors.torch import load_file
 
 from isoprobe.data.local import LocalDataError, load_local
@@ -614,4 +615,19 @@ def test_data_file_with_a_pickled_extension_type_runs_nothing(tmp_path, suffix):
         pass  # refusing the file is fine; running its code is not
     else:
         assert len(collection.series[0]) == 80  # read as the plain list column it stores
+    assert not marker.exists()
+
+
+# -- task=analyze: a run's saved window means ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["pickle", "torch.save"])
+def test_window_means_file_holding_a_pickle_is_refused_and_runs_nothing(tmp_path, kind):
+    marker, path = tmp_path / "ran", tmp_path / "last.safetensors"
+    if kind == "pickle":
+        path.write_bytes(payload(marker))
+    else:
+        torch.save({"mean/encoder.0": TouchOnLoad(marker)}, path)
+    with pytest.raises(WindowMeansError, match=f"{re.escape(str(path))} is not a safetensors"):
+        read_window_means(path)
     assert not marker.exists()

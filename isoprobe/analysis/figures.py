@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
+from isoprobe.analysis.model_similarity import ModelPair  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
 from isoprobe.metrics.rank import token_rank_epsilon  # noqa: E402
 
@@ -321,4 +322,42 @@ def compression(rows: pd.DataFrame, path: Path) -> Path | None:
     epsilons = ", ".join(f"{e:g}" for e in sorted(rows["epsilon"].unique()))
     title = f"model (a line per run; its points ε = {epsilons}, right to left)"
     _legend_below(fig, list(unique.values()), list(unique), title=title if by_model else None)
+    return _save(fig, path)
+
+
+#: what each epoch kind of a model pair's panels shows
+EPOCH_KIND_TITLES = {"epoch0": "before training (epoch 0)", "last": "at the last probe"}
+
+
+@_plain_text
+def model_pair(pair: ModelPair, path: Path) -> Path | None:
+    """Debiased linear CKA of every layer of ``pair.model_a`` (rows) against every layer of
+    ``pair.model_b`` (columns), one panel per epoch kind, one shared colour scale 0..1 (a
+    debiased value below 0 is drawn as 0; blank: no value)."""
+    kinds = [kind for kind in EPOCH_KIND_TITLES if kind in pair.matrices]
+    if not kinds:
+        return None
+    first = pair.matrices[kinds[0]]
+    rows, columns = _tick_labels(first.index), _tick_labels(first.columns)
+    margin = TICK_CHAR_WIDTH * max(map(len, rows))
+    width = min(PAGE_WIDTH / len(kinds), 1.2 + margin + 0.22 * len(columns))
+    height = 1.6 + TICK_CHAR_WIDTH * max(map(len, columns)) + 0.22 * len(rows)
+    fig, axes = _figure(1, len(kinds), width * len(kinds), height)
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        matrix = pair.matrices[kind]
+        values = np.ma.masked_invalid(matrix.to_numpy(dtype=float))
+        image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(matrix.shape[1]), _tick_labels(matrix.columns), rotation=90, fontsize=6)
+        ax.set_yticks(range(matrix.shape[0]), _tick_labels(matrix.index), fontsize=6)
+        ax.set_xlabel(pair.model_b, fontsize=8)
+        ax.set_ylabel(pair.model_a, fontsize=8)
+        ax.set_title(EPOCH_KIND_TITLES[kind], fontsize=9)
+    which = "matched seeds" if pair.matched else "no seed shared: every run pair"
+    fig.suptitle(
+        f"{pair.model_a} against {pair.model_b}: debiased linear CKA on shared windows, mean "
+        f"over {pair.run_pairs} run pair{'s' if pair.run_pairs > 1 else ''} ({which})",
+        fontsize=9,
+    )
+    fig.colorbar(image, ax=list(axes[0]), fraction=0.03, label="debiased linear CKA")
     return _save(fig, path)

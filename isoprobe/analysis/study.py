@@ -63,8 +63,8 @@ FACTORS = {
 }
 #: the probe settings that must agree for runs to be pooled (data set and model may differ)
 PROBE_SETTING_PREFIXES = ("callbacks.",)
-#: probe settings that change what is drawn, not what is measured
-COSMETIC_SETTINGS = ("figures_every_n_epochs", "log_prefix", "_target_")
+#: probe settings that change what is drawn or saved, not what is measured
+COSMETIC_SETTINGS = ("figures_every_n_epochs", "log_prefix", "_target_", "save_window_means")
 
 
 class AnalysisError(IsoprobeError, ValueError):
@@ -93,6 +93,9 @@ class Study:
     unmatched: list[str] = field(default_factory=list)
     #: every run's ``compression.csv`` rows with the run's factors (empty when none)
     compression: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: run -> its directory (where the files the table does not hold are, such as the saved
+    #: window means of :mod:`isoprobe.analysis.model_similarity`)
+    paths: dict[str, Path] = field(default_factory=dict)
     #: the wide geometry tables already pivoted from :attr:`table` (``correlations.geometry_at``
     #: keys them by epoch choice), so that the correlations, figures and tables share them
     pivots: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
@@ -233,8 +236,10 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     root = Path(_common_root([*found.runs, *found.left_out]))
     left_out = {_run_name(run, root): why for run, why in found.left_out.items()}
     read: list[_RunFiles] = []
+    paths: dict[str, Path] = {}
     for run, config in found.runs.items():
         name = _run_name(run, root)
+        paths[name] = run
         try:
             files = _read_run(run, name)
         except UnreadableRun as err:
@@ -290,6 +295,7 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
         not_finite=not_finite,
         unmatched=found.unmatched,
         compression=_with_factors(compression, run_table),
+        paths={f.name: paths[f.name] for f in read},
     )
 
 

@@ -8,6 +8,10 @@ K 1 = 0, so with s_i = ||c_i||^2 (its diagonal), 1^T K~ 1 = -sum s, K~ 1 = -s an
 tr(K~ L~) = ||C_Y^T C_X||_F^2 - sum s^X_i s^Y_i. The unbiased estimator does not change when
 the rows are shifted, so centring first gives the same value and keeps the common offset of a
 transformer layer out of the rounding.
+
+Where the rows are fewer than both widths (a few dozen probe windows against layers hundreds
+wide, as ``task=analyze`` compares models), the same ||C_Y^T C_X||_F^2 is taken as the sum of
+the elementwise product of the two N x N Gram matrices C C^T, an O(N^2 (D1 + D2)) product.
 """
 
 from __future__ import annotations
@@ -49,15 +53,32 @@ class CkaSide:
     def squared_norms(self) -> Tensor:
         return (self.centred * self.centred).sum(dim=1)
 
+    @property
+    def width(self) -> int:
+        return self.centred.shape[1]
+
+    @cached_property
+    def row_gram(self) -> Tensor:
+        """C C^T [N, N], for sides with fewer rows than columns (:func:`_cross_sq`)."""
+        return self.centred @ self.centred.T
+
     @cached_property
     def gram_sq(self) -> float:
         """||C^T C||_F^2, by the very product the cross term of two sides takes, so that a
         matrix against an identical one has CKA exactly 1 (drift exactly 0)."""
-        gram = self.centred.T @ self.centred
-        return float((gram * gram).sum())
+        return _cross_sq(self, self)
 
     def self_hsic(self, debiased: bool) -> float:
         return _hsic(self.gram_sq, self, self, debiased)
+
+
+def _cross_sq(x: CkaSide, y: CkaSide) -> float:
+    """||C_Y^T C_X||_F^2 = sum((C_X C_X^T) * (C_Y C_Y^T)): through the N x N Gram matrices
+    when the rows are fewer than both widths, else through the D_Y x D_X product."""
+    if x.n < min(x.width, y.width):
+        return float((x.row_gram * y.row_gram).sum())
+    cross = y.centred.T @ x.centred
+    return float((cross * cross).sum())
 
 
 def _hsic(cross_sq: float, x: CkaSide, y: CkaSide, debiased: bool) -> float:
@@ -78,8 +99,7 @@ def cka_of_sides(x: CkaSide, y: CkaSide, debiased: bool = False) -> float:
             f"CKA compares two representations of the same tokens, row for row: got {x.n} and "
             f"{y.n} rows"
         )
-    cross = y.centred.T @ x.centred
-    cross_sq = float((cross * cross).sum())
+    cross_sq = _cross_sq(x, y)
     denominator = x.self_hsic(debiased) * y.self_hsic(debiased)
     if not denominator > 0:
         return float("nan")  # a side with no spread (all rows equal) has no CKA

@@ -5,7 +5,9 @@ Writes to its own run directory: ``study.csv`` / ``study.parquet`` (the tidy tab
 epochs, fine-tuning runs), ``forecast_by_setting.csv`` (runs that differ in seed) and
 ``compression.csv`` (``task=compress`` runs), ``geometry_change.csv`` (how far training moved
 the geometry per swept setting), ``selection.csv`` (label-free model selection,
-:mod:`isoprobe.analysis.selection`), the figures, and ``report.html``; when W&B is
+:mod:`isoprobe.analysis.selection`), ``model_similarity.csv`` and
+``model_similarity/pair<i>.png`` (model against model,
+:mod:`isoprobe.analysis.model_similarity`), the figures, and ``report.html``; when W&B is
 online, the same table and figures go to one W&B run (``job_type=analysis``) grouped with the
 sweep.
 """
@@ -29,7 +31,15 @@ from isoprobe.analysis.correlations import (
     within_runs,
 )
 from isoprobe.analysis.depth import DRIFT, READOUT, drift_against_gain, geometry_against_readout
-from isoprobe.analysis.report import Html, join, markup, write_report
+from isoprobe.analysis.model_similarity import (
+    EPOCH_KINDS,
+    MIN_WINDOWS,
+    ModelPair,
+    best_match,
+    model_pair_matrices,
+    model_similarity,
+)
+from isoprobe.analysis.report import Html, image_html, join, markup, write_report
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
 from isoprobe.analysis.stratified import confirm_findings, stratified_associations
@@ -159,6 +169,10 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
         )
     drawn += extra.pop("figures")
     written += list(extra)
+    min_windows = int(options.get("min_shared_windows", MIN_WINDOWS))
+    models = _model_against_model(study, min_windows, output)
+    if models:
+        written.append("model_similarity.csv")
     if not selection.empty:
         extra["selection.csv"] = (
             "Label-free selection: ranking the candidates (models on a data set; a run's "
@@ -166,7 +180,7 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
             "the tasks; a metric's direction is learned on the other tasks)",
             selection,
         )
-    report = _report(study, table, summary, forecast, drawn, extra, output)
+    report = _report(study, table, summary, forecast, drawn, extra, output, models)
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
     for name in (*written, report.name):
@@ -285,6 +299,7 @@ def _report(
     drawn: list[tuple[Path, str]],
     extra: dict[str, tuple[str, pd.DataFrame]],
     output: Path,
+    models: list[Html],
 ) -> Path:
     primary = (
         markup(" Primary forecast metric: <b>{forecast}</b> (lower is better).", forecast=forecast)
@@ -323,6 +338,7 @@ def _report(
             )
         )
     paragraphs += _partly_left_out(study)
+    paragraphs += models
     tables = list(extra.values())
     if forecast:
         answered = table[(table["forecast_metric"] == forecast) & table["q_value"].notna()]
@@ -338,6 +354,84 @@ def _report(
     if not within.empty:
         tables.append(("Within runs: trajectory against validation error", within))
     return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+
+
+#: at most this many model pairs get a heatmap in the report (the rest: model_similarity.csv)
+MAX_MODEL_PAIR_FIGURES = 28
+
+
+def _model_against_model(study: Study, min_windows: int, output: Path) -> list[Html]:
+    """``model_similarity.csv`` and, per pair of models, a heatmap; the report's section on
+    them (nothing when no run saved window means)."""
+    table = model_similarity(study, min_windows)
+    if table.empty:
+        return []
+    table.to_csv(output / "model_similarity.csv", index=False)
+    pairs = model_pair_matrices(table, study.runs)
+    section = [
+        markup(
+            "<h2>Model against model</h2><p class='note'>Debiased linear CKA of every layer of "
+            "one run against every layer of another run on the same data, on the probe "
+            "windows both saved (each window's mean real token per layer, so that models of "
+            "any tokenisation meet on the same windows; at least {min_windows} shared). 1: "
+            "the same representation up to rotation, scale and shift. Per pair of models: "
+            "the mean over their run pairs with the same seed (every run pair where no seed "
+            "is shared). All values: model_similarity.csv.</p>",
+            min_windows=min_windows,
+        )
+    ]
+    lines = [_pair_line(pair) for pair in pairs]
+    if lines:
+        section.append(markup("<ul>{lines}</ul>", lines=join(lines)))
+    undefined = table.loc[table["cka"].isna(), "note"].value_counts()
+    if len(undefined):
+        listed = join(
+            markup("<li>{why}: {n} rows</li>", why=why, n=int(n)) for why, n in undefined.items()
+        )
+        section.append(
+            markup("<p>Without a value (NaN in the CSV):</p><ul>{listed}</ul>", listed=listed)
+        )
+    directory = output / "model_similarity"
+    directory.mkdir(exist_ok=True)
+    for i, pair in enumerate(pairs[:MAX_MODEL_PAIR_FIGURES]):
+        path = figures.model_pair(pair, directory / f"pair{i}.png")
+        if path is not None:
+            section.append(image_html(path, f"{pair.model_a} against {pair.model_b}"))
+    if len(pairs) > MAX_MODEL_PAIR_FIGURES:
+        section.append(
+            markup(
+                "<p>{n} more pairs of models, not drawn: model_similarity.csv holds them.</p>",
+                n=len(pairs) - MAX_MODEL_PAIR_FIGURES,
+            )
+        )
+    return section
+
+
+def _pair_line(pair: ModelPair) -> Html:
+    """One model pair: the layer of B closest to A's last layer, before and after training."""
+    found = []
+    for kind in EPOCH_KINDS:
+        match = best_match(pair, kind)
+        if match is not None:
+            found.append(
+                markup(
+                    "{when}: {layer} (CKA {value:.3f})",
+                    when=figures.EPOCH_KIND_TITLES[kind],
+                    layer=match[1],
+                    value=match[2],
+                )
+            )
+    last = pair.matrices[next(iter(pair.matrices))].index[-1]
+    return markup(
+        "<li>{a} against {b} ({n} run pair{plural}): the layer of {b} closest to {a}'s last layer "
+        "{last}, {found}</li>",
+        a=pair.model_a,
+        b=pair.model_b,
+        n=pair.run_pairs,
+        plural="s" if pair.run_pairs > 1 else "",
+        last=last,
+        found=join(found, "; ") if found else "none defined",
+    )
 
 
 def _partly_left_out(study: Study) -> list[Html]:

@@ -128,7 +128,8 @@ def test_last_layer_correlation_equals_scipy_on_the_run_files(sweep, analysis):
 
 def test_report_embeds_the_figures_and_a_sortable_table(analysis):
     page = (analysis / "report.html").read_text()
-    figures = ("papers_form", "scatter", "heatmap", "flow_of_ranks")  # no epochs: no trajectories
+    # no epochs: no trajectories; two models: one model-against-model heatmap
+    figures = ("papers_form", "scatter", "heatmap", "flow_of_ranks", "model_similarity/pair0")
     for figure in figures:
         assert (analysis / f"{figure}.png").is_file()
     assert page.count("data:image/png;base64,") == len(figures)
@@ -318,3 +319,37 @@ def test_compression_rows_of_every_run_are_gathered_with_the_run_factors(tmp_pat
     table = study.compression.set_index(["model", "epsilon"])
     for model, sizes in rows.items():
         assert list(table.loc[model, "attention_size_ratio"]) == sizes
+
+
+def test_models_are_compared_layer_by_layer_on_the_windows_both_saved(sweep, analysis):
+    table = pd.read_csv(analysis / "model_similarity.csv")
+    # one pair of runs per data set, chronos_bolt's against patchtst's, at both epoch kinds
+    assert set(zip(table.model_a, table.model_b, strict=True)) == {MODELS}
+    assert table.groupby("dataset")["run_a"].nunique().eq(1).all()
+    compared = 0
+    for _, part in table.groupby(["dataset", "epoch_kind"]):
+        if part["cka"].notna().any():
+            # the probe set's 8 windows are the same (series, forecast origin) for both models:
+            # every layer of one against every layer of the other
+            assert (part["n_windows"] == 8).all() and part["cka"].notna().all()
+            assert part["cka"].between(-1, 1).all()
+            assert len(part) == part.layer_a.nunique() * part.layer_b.nunique() > 1
+            compared += 1
+        else:
+            # the models' context lengths cut other validation windows, so their probe sets
+            # share fewer than 8: one row for the pair, no value, the reason
+            assert len(part) == 1
+            assert (
+                part["note"]
+                .iloc[0]
+                .endswith("shared windows (series, forecast origin), fewer than 8")
+            )
+    assert compared >= 2
+    # zero-shot runs: the last probe is epoch 0, so both epoch kinds give the same values
+    defined = table[table.cka.notna()]
+    kinds = defined.pivot_table(
+        index=["dataset", "layer_a", "layer_b"], columns="epoch_kind", values="cka"
+    )
+    np.testing.assert_array_equal(kinds["epoch0"], kinds["last"])
+    assert len(list((analysis / "model_similarity").glob("*.png"))) == 1
+    assert "Model against model" in (analysis / "report.html").read_text()

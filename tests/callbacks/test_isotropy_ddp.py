@@ -1,6 +1,6 @@
 """DDP (2 CPU processes, gloo) against one process: the isotropy and rank probes give the numbers
-of one process for the same weights, and training reproduces one process's (the global batch
-split over the processes, no dropout)."""
+(and the saved window means) of one process for the same weights, and training reproduces one
+process's (the global batch split over the processes, no dropout)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from ddp_probe_run import EPOCHS, datamodule, probes
+from isoprobe.callbacks.window_means import DIRECTORY, FILES, read_window_means
 from probe_toy import ToyForecaster
 
 SCRIPT = Path(__file__).with_name("ddp_probe_run.py")
@@ -72,6 +73,20 @@ def test_ddp_two_processes_equal_one_process(tmp_path: Path) -> None:
         single = _one_process_probe(state, tmp_path / f"single{epoch}")
         for name, records in ddp.items():
             pd.testing.assert_frame_equal(_epoch(records, epoch), single[name], check_exact=True)
+        # the window means rank 0 saved: one process's, window for window (gathered back into
+        # probe-set order from the ranks' batches)
+        kind = "epoch0" if epoch == 0 else "last"
+        saved = read_window_means(tmp_path / "ddp" / DIRECTORY / FILES[kind])
+        alone = read_window_means(tmp_path / f"single{epoch}" / DIRECTORY / FILES["last"])
+        assert saved.epoch == epoch
+        assert torch.equal(saved.identity, alone.identity)
+        assert list(saved.layers) == list(alone.layers)
+        for layer, means in alone.layers.items():
+            torch.testing.assert_close(saved.layers[layer], means, rtol=1e-6, atol=0.0)
+    # only rank 0 writes them: both files at epoch 0, the last one again after each epoch
+    writers = (tmp_path / "ddp" / "writers.txt").read_text().split("\n")[:-1]
+    expected = [FILES["epoch0"], *[FILES["last"]] * (EPOCHS + 1)]
+    assert sorted(writers) == sorted(f"0 {name}" for name in expected)
 
     # training: each process takes half of every global batch of 8 windows (the same windows in
     # the same order as one process), DDP averages the gradients: one process's weights and probe

@@ -20,13 +20,31 @@ def _pair(n: int, d1: int, d2: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("debiased", [False, True])
-@pytest.mark.parametrize(("n", "d1", "d2"), [(60, 8, 5), (12, 30, 7)])
+@pytest.mark.parametrize(("n", "d1", "d2"), [(60, 8, 5), (12, 30, 7), (9, 40, 25)])
 def test_cka_equals_the_gram_matrix_definition(n, d1, d2, debiased):
     X, Y = _pair(n, d1, d2, seed=n + d1)
     fast = linear_cka(torch.as_tensor(X), torch.as_tensor(Y), debiased=debiased)
     # the reference works on the uncentred Gram matrices (X's offset of 4 included): the same
     # value, since both estimators ignore a shift, to the rounding of that offset
     assert fast == pytest.approx(reference.linear_cka(X, Y, debiased=debiased), abs=1e-10)
+
+
+@pytest.mark.parametrize("debiased", [False, True])
+def test_few_rows_against_wide_layers_go_through_the_gram_matrices_with_the_same_properties(
+    debiased,
+):
+    # 10 rows, 64 and 48 columns: the N x N Gram path (fewer rows than either width)
+    X, Y = _pair(10, 64, 48, seed=5)
+    X, Y = torch.as_tensor(X), torch.as_tensor(Y)
+    assert linear_cka(X, X, debiased=debiased) == 1.0
+    Q, _ = torch.linalg.qr(
+        torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    )
+    base = linear_cka(X, Y, debiased=debiased)
+    assert base == pytest.approx(
+        reference.linear_cka(X.numpy(), Y.numpy(), debiased=debiased), abs=1e-10
+    )
+    assert linear_cka(X @ Q * 3.0, Y, debiased=debiased) == pytest.approx(base, abs=1e-12)
 
 
 def test_cka_of_orthogonal_columns_has_its_closed_form():

@@ -1,0 +1,273 @@
+"""Model against model: debiased linear CKA between every layer of one run and every layer of
+another, on the probe windows both saw.
+
+The unit two models share is the probe window (the history before one forecast origin of one
+series), whatever their tokens are: each run's probe saved, per layer, every probe window's mean
+real token (:mod:`isoprobe.callbacks.window_means`), at epoch 0 and at its last probe. Two runs
+on the same data set (and the same ``data.noise_std``, which changes the series) are compared on
+the windows whose (series, forecast origin) both saved, matched row for row; a window without
+a real token at a layer (a row of NaN) is left out of that layer's pairs.
+
+CKA is debiased (Song et al.'s unbiased HSIC, :func:`isoprobe.metrics.similarity.cka_of_sides`):
+a few dozen windows against layers hundreds wide bias the plain estimator towards 1.
+
+What has no value is NaN with the reason in ``note``, never a number: a pair of runs with
+fewer than ``min_windows`` shared windows (one row for the pair), a run whose file is missing or
+cannot be read (one row, the file's reason), a layer without spread over the shared windows.
+
+Per pair of models, one matrix per epoch kind: the mean over the run pairs of the two models
+that share a data set and a seed (the matched seeds), or over all their run pairs where no seed
+is shared (:func:`model_pair_matrices`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from isoprobe.analysis.study import AnalysisError, Study
+from isoprobe.callbacks.window_means import (
+    DIRECTORY,
+    FILES,
+    WindowMeans,
+    WindowMeansError,
+    read_window_means,
+)
+from isoprobe.metrics.similarity import CkaSide, cka_of_sides
+
+#: the fewest shared windows a pair of runs is compared on
+MIN_WINDOWS = 8
+EPOCH_KINDS = tuple(FILES)
+COLUMNS = (
+    "run_a",
+    "run_b",
+    "model_a",
+    "model_b",
+    "dataset",
+    "epoch_kind",
+    "epoch_a",
+    "epoch_b",
+    "layer_a",
+    "layer_b",
+    "n_windows",
+    "cka",
+    "note",
+)
+
+
+@dataclass
+class SavedRun:
+    """A run that saved window means: its factors and, per epoch kind, the file read (or the
+    reason it could not be)."""
+
+    name: str
+    model: str
+    dataset: str
+    data_key: tuple[str, str]
+    seed: Any
+    saved: dict[str, WindowMeans | str] = field(default_factory=dict)
+
+
+def saved_runs(study: Study) -> list[SavedRun]:
+    """The runs of ``study`` whose directory holds saved window means, in study order."""
+    runs = study.runs.set_index("run")
+    found = []
+    for name in study.runs["run"]:
+        directory = study.paths.get(name)
+        if directory is None or not (directory / DIRECTORY).is_dir():
+            continue
+        row = runs.loc[name]
+        noise = row.get("noise")
+        found.append(
+            SavedRun(
+                name=str(name),
+                model=str(row["model"]),
+                dataset=str(row["dataset"]),
+                data_key=(str(row["dataset"]), str(noise)),
+                seed=row.get("seed"),
+                saved={kind: _read(directory / DIRECTORY / FILES[kind]) for kind in EPOCH_KINDS},
+            )
+        )
+    return found
+
+
+def _read(path: Path) -> WindowMeans | str:
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        return read_window_means(path)
+    except WindowMeansError as err:
+        return str(err)
+
+
+def shared_windows(a: torch.Tensor, b: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Row indices into ``a`` and ``b`` ([N, 2] window identities) of the windows both hold,
+    in ``a``'s order."""
+    where_b = {tuple(row): i for i, row in enumerate(b.tolist())}
+    pairs = [(i, where_b[tuple(row)]) for i, row in enumerate(a.tolist()) if tuple(row) in where_b]
+    return [i for i, _ in pairs], [j for _, j in pairs]
+
+
+def model_similarity(study: Study, min_windows: int = MIN_WINDOWS) -> pd.DataFrame:
+    """One row per pair of runs on the same data, epoch kind, layer of the first and layer of
+    the second (:data:`COLUMNS`; module docstring). Empty when no run saved window means."""
+    if min_windows < 4:
+        raise AnalysisError(
+            f"analyze.min_shared_windows={min_windows}: debiased CKA needs at least 4 windows "
+            f"(the default, {MIN_WINDOWS}, keeps its estimate from swinging on a few)"
+        )
+    runs = saved_runs(study)
+    rows: list[dict[str, Any]] = []
+    with _one_thread():
+        for i, a in enumerate(runs):
+            for b in runs[i + 1 :]:
+                if a.data_key == b.data_key:
+                    for kind in EPOCH_KINDS:
+                        rows += pair_rows(a, b, kind, min_windows)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One torch thread: the products here are a few dozen windows square, too small to
+    split, and threads that wait on busy cores make each one hundreds of times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def pair_rows(a: SavedRun, b: SavedRun, kind: str, min_windows: int) -> list[dict[str, Any]]:
+    """The rows of one pair of runs at one epoch kind (module docstring)."""
+    base = {
+        "run_a": a.name,
+        "run_b": b.name,
+        "model_a": a.model,
+        "model_b": b.model,
+        "dataset": a.dataset,
+        "epoch_kind": kind,
+    }
+    first, second = a.saved[kind], b.saved[kind]
+    for side in (first, second):
+        if isinstance(side, str):
+            return [{**base, "cka": math.nan, "note": f"not compared: {side}"}]
+    base.update(epoch_a=first.epoch, epoch_b=second.epoch)
+    rows_a, rows_b = shared_windows(first.identity, second.identity)
+    if len(rows_a) < min_windows:
+        why = f"{len(rows_a)} shared windows (series, forecast origin), fewer than {min_windows}"
+        return [{**base, "n_windows": len(rows_a), "cka": math.nan, "note": why}]
+    sides_b = {layer: _Layer(X[rows_b]) for layer, X in second.layers.items()}
+    rows = []
+    for layer_a, X in first.layers.items():
+        side_a = _Layer(X[rows_a])
+        for layer_b, side_b in sides_b.items():
+            rows.append({**base, "layer_a": layer_a, "layer_b": layer_b})
+            rows[-1].update(_cka(side_a, side_b, min_windows))
+    return rows
+
+
+class _Layer:
+    """One layer's window means on the shared windows, prepared for CKA once for every layer
+    it meets when all of them have a real token."""
+
+    def __init__(self, X: torch.Tensor) -> None:
+        self.X = X.double()
+        self.finite = torch.isfinite(self.X).all(dim=1)
+        self._side: CkaSide | None = None
+
+    def side(self, rows: torch.Tensor) -> CkaSide:
+        if bool(rows.all()):
+            if self._side is None:
+                self._side = CkaSide.of(self.X)
+            return self._side
+        return CkaSide.of(self.X[rows])
+
+
+def _cka(a: _Layer, b: _Layer, min_windows: int) -> dict[str, Any]:
+    rows = a.finite & b.finite
+    n = int(rows.sum())
+    if n < min_windows:
+        why = f"{n} shared windows with a real token at both layers, fewer than {min_windows}"
+        return {"n_windows": n, "cka": math.nan, "note": why}
+    value = cka_of_sides(a.side(rows), b.side(rows), debiased=True)
+    if math.isnan(value):
+        why = "a layer without spread over the shared windows (all means equal) has no CKA"
+        return {"n_windows": n, "cka": math.nan, "note": why}
+    return {"n_windows": n, "cka": value, "note": ""}
+
+
+@dataclass
+class ModelPair:
+    """The layer-against-layer CKA of two models: per epoch kind, a matrix (rows: layers of
+    ``model_a``, columns: layers of ``model_b``, in probe order), the mean over ``run_pairs``
+    run pairs (``matched``: those sharing a seed)."""
+
+    model_a: str
+    model_b: str
+    matrices: dict[str, pd.DataFrame]
+    run_pairs: int
+    matched: bool
+
+
+def model_pair_matrices(table: pd.DataFrame, runs: pd.DataFrame) -> list[ModelPair]:
+    """Per pair of distinct models (in name order), the mean CKA matrix of each epoch kind over
+    their run pairs on a shared data set with the same seed, or over all their run pairs
+    where none shares a seed. Pairs of runs of one model (seed against seed) stay in the
+    table only."""
+    found = table[table["cka"].notna() & (table["model_a"] != table["model_b"])]
+    if found.empty:
+        return []
+    seeds = runs.set_index("run")["seed"].astype(str)
+    found = _oriented(found)
+    found = found.assign(matched=found["run_a"].map(seeds) == found["run_b"].map(seeds))
+    pairs = []
+    for (model_a, model_b), part in found.groupby(["model_a", "model_b"], sort=True):
+        matched = bool(part["matched"].any())
+        if matched:
+            part = part[part["matched"]]
+        matrices = {}
+        for kind in EPOCH_KINDS:
+            rows = part[part["epoch_kind"] == kind]
+            if len(rows):
+                matrix = rows.pivot_table(
+                    index="layer_a", columns="layer_b", values="cka", aggfunc="mean"
+                )
+                matrices[kind] = matrix.loc[
+                    list(dict.fromkeys(rows["layer_a"])), list(dict.fromkeys(rows["layer_b"]))
+                ]
+        count = part[["run_a", "run_b"]].drop_duplicates().shape[0]
+        pairs.append(ModelPair(str(model_a), str(model_b), matrices, count, matched))
+    return pairs
+
+
+def _oriented(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with each pair's models in name order (run, model and layer columns swapped
+    where the first model's name sorts after the second's)."""
+    swap = rows["model_a"].astype(str) > rows["model_b"].astype(str)
+    rows = rows.copy()
+    for left, right in (("run_a", "run_b"), ("model_a", "model_b"), ("layer_a", "layer_b")):
+        values = rows.loc[swap, [left, right]].to_numpy()
+        rows.loc[swap, [left, right]] = np.flip(values, axis=1)
+    return rows
+
+
+def best_match(pair: ModelPair, kind: str) -> tuple[str, str, float] | None:
+    """(last layer of model A, the layer of model B most similar to it, their CKA) at
+    ``kind``; None without a defined value there."""
+    matrix = pair.matrices.get(kind)
+    if matrix is None or matrix.empty:
+        return None
+    last = matrix.iloc[-1].dropna()
+    if last.empty:
+        return None
+    return str(matrix.index[-1]), str(last.idxmax()), float(last.max())
