@@ -7,7 +7,7 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
 - Chronos-T5: ``ChronosPipeline.predict_quantiles``; windows 128 / 32 (the checkpoint's own
   lengths: the pipeline cuts longer contexts and decodes longer horizons in chunks), 20 samples.
   Two isoprobe rows: the default ``model.sampler=fast`` (the same distribution, other random
-  draws: :mod:`isoprobe.models.t5_sampling`) and ``generate`` (the pipeline's own samples).
+  draws: :mod:`isoprobe.models.chronos.t5_sampling`) and ``generate`` (the pipeline's own samples).
 - Chronos-Bolt: ``ChronosBoltPipeline.predict_quantiles``; 144 / 48 (energy's windows).
 - Chronos-2: ``Chronos2Pipeline.predict_quantiles`` on a [64, 1, 144] tensor; 144 / 48.
 - Moirai: uni2ts ``MoiraiForecast`` (gluonts' fields built from the window as in
@@ -61,8 +61,8 @@ from torch import Tensor, nn
 from transformers.utils import logging as transformers_logging
 
 from isoprobe.evaluation.forecast_metrics import wql
-from isoprobe.models import t5_sampling
 from isoprobe.models.checkpoints import bundled_path
+from isoprobe.models.chronos import t5_sampling
 from isoprobe.tasks.runner import build_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -214,7 +214,7 @@ def official_visionts(module) -> Official | None:
         return None
     from functools import partial
 
-    from isoprobe.models.visionts_mae import to_published
+    from isoprobe.models.visionts.mae import to_published
 
     shape = module.mae.shape
     model = VisionTS(load_ckpt=False)

@@ -331,7 +331,7 @@ def official_totem_module(monkeypatch):
 def test_totem_pickle_naming_a_global_outside_the_allow_list_is_refused(
     tmp_path, official_totem_module
 ):
-    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+    from isoprobe.models.totem.checkpoint import load_totem_tokenizer
 
     marker, path = tmp_path / "ran", tmp_path / "totem.pth"
     torch.save(official_totem_module(marker), path)
@@ -341,7 +341,7 @@ def test_totem_pickle_naming_a_global_outside_the_allow_list_is_refused(
 
 
 def test_totem_legacy_pickle_file_is_refused_and_runs_nothing(tmp_path):
-    from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+    from isoprobe.models.totem.checkpoint import load_totem_tokenizer
 
     marker, path = tmp_path / "ran", tmp_path / "totem.pth"
     path.write_bytes(payload(marker))

@@ -1,6 +1,2 @@
-"""Forecaster wrappers: one module per model family on a shared :class:`ForecastModule`."""
-
-from isoprobe.models.base import Forecast, ForecastModule
-from isoprobe.models.chronos_t5 import ChronosT5Module
-
-__all__ = ["ChronosT5Module", "Forecast", "ForecastModule"]
+"""Forecaster wrappers: one module per model family on a shared :class:`ForecastModule`
+(:mod:`isoprobe.models.base`); a family that spans several files is a subpackage."""

@@ -32,8 +32,8 @@ from isoprobe.models.checkpoints import (
     load_pretrained,
     resolve_checkpoint,
 )
-from isoprobe.models.totem import TotemConfig, TotemTokenizer
-from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+from isoprobe.models.totem.checkpoint import load_totem_tokenizer
+from isoprobe.models.totem.tokenizer import TotemConfig, TotemTokenizer
 from isoprobe.spectra.embedders import EmbeddedInputs
 
 #: the words and the punctuation of English prose, a token each (the scratch T5's vocabulary)
@@ -57,7 +57,7 @@ class TotemEmbedder:
     series, normalised per window as TOTEM's pipeline does (RevIN). ``checkpoint``: ``scratch``
     (the official initialisation, shape ``config``, drawn with ``seed``) or the path of a
     published tokenizer file (read by
-    :func:`~isoprobe.models.totem_checkpoint.load_totem_tokenizer`)."""
+    :func:`~isoprobe.models.totem.checkpoint.load_totem_tokenizer`)."""
 
     modality = "time series"
 

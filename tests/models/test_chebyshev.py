@@ -10,7 +10,7 @@ import torch
 from numpy.polynomial import chebyshev
 
 from isoprobe.metrics import reference
-from isoprobe.models.chebyshev import chebyshev_embedding, chebyshev_features
+from isoprobe.models.chronos.chebyshev import chebyshev_embedding, chebyshev_features
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
 from tests.models.test_contract import make_batch

@@ -18,8 +18,8 @@ from chronos.chronos2.model import Chronos2Encoder
 from omegaconf import OmegaConf
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.chronos2 import CHRONOS2_FIELDS, Chronos2Module
-from isoprobe.models.chronos2_group_attention import (
+from isoprobe.models.chronos.chronos2 import CHRONOS2_FIELDS, Chronos2Module
+from isoprobe.models.chronos.chronos2_group_attention import (
     OwnGroupSelfAttention,
     skip_own_group_attention,
 )
@@ -384,8 +384,8 @@ def test_missing_chronos_names_the_install_command(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_chronos2)
-    monkeypatch.delitem(sys.modules, "isoprobe.models.chronos2")
+    monkeypatch.delitem(sys.modules, "isoprobe.models.chronos.chronos2")
     with pytest.raises(ImportError, match="pip install 'chronos-forecasting"):
-        importlib.import_module("isoprobe.models.chronos2")
+        importlib.import_module("isoprobe.models.chronos.chronos2")
     monkeypatch.undo()
-    importlib.import_module("isoprobe.models.chronos2")
+    importlib.import_module("isoprobe.models.chronos.chronos2")

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import T5Config
 
 from isoprobe.models.checkpoints import CheckpointError, bundled_path
-from isoprobe.models.chronos_bolt import ChronosBoltModule
+from isoprobe.models.chronos.bolt import ChronosBoltModule
 from isoprobe.models.quantiles import (
     interpolation_matrix,
     is_evenly_spaced,
@@ -429,9 +429,9 @@ def test_the_bundled_checkpoint_is_the_mini_size_in_training_mode():
 
 def test_without_chronos_bolt_the_error_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "chronos.chronos_bolt", None)
-    monkeypatch.delitem(sys.modules, "isoprobe.models.chronos_bolt")
+    monkeypatch.delitem(sys.modules, "isoprobe.models.chronos.bolt")
     with pytest.raises(ImportError, match="pip install 'chronos-forecasting"):
-        importlib.import_module("isoprobe.models.chronos_bolt")
+        importlib.import_module("isoprobe.models.chronos.bolt")
 
 
 def test_memory_estimates_are_linear_in_the_batch_and_grow_with_the_horizon():

@@ -14,8 +14,8 @@ from chronos import ChronosConfig, ChronosPipeline, MeanScaleUniformBins
 from omegaconf import OmegaConf
 from transformers import T5Config, T5ForConditionalGeneration
 
-from isoprobe.models import ChronosT5Module
 from isoprobe.models.checkpoints import CheckpointError, bundled_path
+from isoprobe.models.chronos.t5 import ChronosT5Module
 from isoprobe.tasks.resume import check_resume_checkpoint
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos.yaml")

@@ -17,16 +17,11 @@ import torch
 from gluonts.time_feature import get_lags_for_frequency
 from gluonts.torch.distributions import StudentTOutput
 
+from isoprobe.models.allow_list_pickle import PickledObject
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.lag_llama import (
-    KeyValueCache,
-    LagLlamaModule,
-    PickledObject,
-    _AllowListUnpickler,
-    load_official_checkpoint,
-    official_lags,
-    window_scale,
-)
+from isoprobe.models.lag_llama.checkpoint import checkpoint_pickle, load_official_checkpoint
+from isoprobe.models.lag_llama.module import LagLlamaModule
+from isoprobe.models.lag_llama.network import KeyValueCache, official_lags, window_scale
 from isoprobe.tasks.runner import build_model
 from tests.conftest import TINY_MODEL, compose_config
 
@@ -267,7 +262,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
 
 
 def test_gluonts_classes_unpickle_as_inert_stand_ins():
-    loaded = _AllowListUnpickler(io.BytesIO(pickle.dumps(StudentTOutput(beta=0.5)))).load()
+    loaded = checkpoint_pickle.load(io.BytesIO(pickle.dumps(StudentTOutput(beta=0.5))))
     assert isinstance(loaded, PickledObject) and not isinstance(loaded, StudentTOutput)
     assert type(loaded).__name__ == "StudentTOutput"
     assert loaded.qualified_name == "gluonts.torch.distributions.studentT.StudentTOutput"

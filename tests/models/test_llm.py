@@ -16,8 +16,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.llm import CharVocabulary, LlmModule, Serializer, TokenMap
-from isoprobe.models.llm.module import positions
+from isoprobe.models.llm.module import LlmModule, positions
+from isoprobe.models.llm.serialization import CharVocabulary, Serializer, TokenMap
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/llm.yaml")
 CONTEXT, HORIZON = 8, 3

@@ -16,9 +16,9 @@ pytest.importorskip("uni2ts", reason="model=moirai needs the uni2ts extra")
 
 from uni2ts.model.moirai import MoiraiForecast, MoiraiModule  # noqa: E402
 
-from isoprobe.models import moirai  # noqa: E402
 from isoprobe.models.checkpoints import CheckpointError, bundled_path  # noqa: E402
-from isoprobe.models.moirai import MoiraiForecastModule  # noqa: E402
+from isoprobe.models.moirai.loading import INSTALL  # noqa: E402
+from isoprobe.models.moirai.module import MoiraiForecastModule  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/moirai.yaml")
@@ -257,7 +257,7 @@ def test_without_uni2ts_the_error_names_the_install_command(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_uni2ts)
     with pytest.raises(ImportError, match=r"pip install --no-deps uni2ts==2\.0\.0"):
         make_module()
-    assert "jaxtyping" in moirai.INSTALL
+    assert "jaxtyping" in INSTALL
 
 
 def test_memory_estimates_grow_with_the_batch():
@@ -274,4 +274,4 @@ def test_memory_estimates_grow_with_the_batch():
 def test_the_install_command_names_the_pins_that_setup_installs():
     listed = (ROOT / "scripts" / "moirai-requirements.txt").read_text().splitlines()
     pins = [line for line in listed if line and not line.startswith("#")]
-    assert moirai.INSTALL.split("--no-deps ")[1].split() == pins
+    assert INSTALL.split("--no-deps ")[1].split() == pins

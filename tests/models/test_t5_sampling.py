@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from isoprobe.models.t5_sampling import DecoderCache, decode_step, draw, sample_tokens
+from isoprobe.models.chronos.t5_sampling import DecoderCache, decode_step, draw, sample_tokens
 from tests.models.test_chronos_t5 import make_batch, make_module
 
 WINDOWS, TOKENS, SAMPLES, STEPS = 3, 11, 4, 9

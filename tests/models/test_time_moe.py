@@ -17,9 +17,9 @@ from isoprobe.callbacks.collect import _capture_outputs
 from safetensors.torch import load_file, save_file
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.time_moe import head_for, normalisation, positions_of, shifted_windows
-from isoprobe.models.time_moe_config import shape_from_fields
-from isoprobe.models.time_moe_network import SparseExperts, balance_loss
+from isoprobe.models.time_moe.config import shape_from_fields
+from isoprobe.models.time_moe.module import head_for, normalisation, positions_of, shifted_windows
+from isoprobe.models.time_moe.network import SparseExperts, balance_loss
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.totem import TotemConfig, TotemTokenizer
-from isoprobe.models.totem_checkpoint import load_totem_tokenizer
+from isoprobe.models.totem.checkpoint import load_totem_tokenizer
+from isoprobe.models.totem.tokenizer import TotemConfig, TotemTokenizer
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "totem"
 PICKLE = FIXTURE / "tiny_vqvae.pth"

@@ -1,6 +1,7 @@
-"""VisionTS (isoprobe.models.visionts): forecasts equal to the official ``visionts`` package's on
-the same weights (tests/fixtures/visionts, made by its make_fixture.py), the image layout the
-official ``update_config`` computes, the published files' checks and the checkpoint choices."""
+"""VisionTS (isoprobe.models.visionts.module): forecasts equal to the official ``visionts``
+package's on the same weights (tests/fixtures/visionts, made by its make_fixture.py), the image
+layout the official ``update_config`` computes, the published files' checks and the checkpoint
+choices."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import isoprobe.models.visionts as visionts
-import isoprobe.models.visionts_checkpoint as visionts_checkpoint
+import isoprobe.models.visionts.checkpoint as visionts_weights
+import isoprobe.models.visionts.module as visionts_module
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.compression import compress_attention
-from isoprobe.models.visionts import VisionTSModule
-from isoprobe.models.visionts_image import ImageLayout, normalise, render
-from isoprobe.models.visionts_mae import MAEShape, from_published, to_published
+from isoprobe.models.visionts.image import ImageLayout, normalise, render
+from isoprobe.models.visionts.mae import MAEShape, from_published, to_published
+from isoprobe.models.visionts.module import VisionTSModule
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "visionts"
 SHAPE = json.loads((FIXTURE / "mae_tiny.json").read_text())
@@ -171,8 +172,8 @@ def test_a_pth_without_the_model_key_is_refused(tmp_path):
 
 
 def test_official_offline_and_not_cached_says_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.setattr(visionts_checkpoint, "CACHE_DIR", tmp_path / "cache")
-    monkeypatch.setattr(visionts_checkpoint, "host_reachable", lambda host: False)
+    monkeypatch.setattr(visionts_weights, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(visionts_weights, "host_reachable", lambda host: False)
     with pytest.raises(CheckpointError, match=r"mae_visualize_vit_base\.pth, and .* unreachable"):
         VisionTSModule(checkpoint="official", size="base", optimizer=torch.optim.AdamW)
     with pytest.raises(CheckpointError, match=r"not model.size='mini'"):
@@ -183,18 +184,20 @@ def test_official_reads_the_cached_published_file(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
     write_pth(cache / "mae_visualize_vit_base.pth", published_state())
-    monkeypatch.setattr(visionts_checkpoint, "CACHE_DIR", cache)
+    monkeypatch.setattr(visionts_weights, "CACHE_DIR", cache)
     monkeypatch.setattr(
-        visionts_checkpoint, "OFFICIAL_FILES", {"fixture": "mae_visualize_vit_base.pth"}
+        visionts_weights, "OFFICIAL_FILES", {"fixture": "mae_visualize_vit_base.pth"}
     )
-    monkeypatch.setattr(visionts, "OFFICIAL_FILES", {"fixture": "mae_visualize_vit_base.pth"})
+    monkeypatch.setattr(
+        visionts_module, "OFFICIAL_FILES", {"fixture": "mae_visualize_vit_base.pth"}
+    )
     model = build("official", 96, 24, 24)
     assert model.resolved_checkpoint.kind == "hub"
     assert torch.equal(model.mae.decoder_pred.bias, published_state()["decoder_pred.bias"])
 
 
 def test_auto_offline_is_the_error_of_a_model_that_ships_no_weights(monkeypatch):
-    monkeypatch.setattr(visionts, "host_reachable", lambda host: False)
+    monkeypatch.setattr(visionts_module, "host_reachable", lambda host: False)
     with pytest.raises(CheckpointError, match=r"ships no checkpoint 'visionts-mini'.*scratch"):
         VisionTSModule(checkpoint="auto", optimizer=torch.optim.AdamW)
 

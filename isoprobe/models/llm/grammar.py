@@ -1,4 +1,4 @@
-"""Constrained sampling for :class:`~isoprobe.models.llm.LlmModule`: a logits processor that
+"""Constrained sampling for :class:`~isoprobe.models.llm.module.LlmModule`: a logits processor that
 admits only well-formed LLMTime values and a stopping criterion after the horizon's values."""
 
 from __future__ import annotations

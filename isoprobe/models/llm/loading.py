@@ -1,4 +1,4 @@
-"""Loading :class:`~isoprobe.models.llm.LlmModule`'s language model: a scratch GPT-2 / T5 on
+"""Loading :class:`~isoprobe.models.llm.module.LlmModule`'s language model: a scratch GPT-2 / T5 on
 isoprobe's character vocabulary, or a checkpoint directory / hub id with its tokenizer, checked
 against its config.json (shapes, missing keys, token ids beyond the embedding)."""
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from isoprobe.models.time_moe_config import TimeMoeShape
+from isoprobe.models.time_moe.config import TimeMoeShape
 
 #: the official initialisation's standard deviation (``initializer_range``)
 INIT_STD = 0.02

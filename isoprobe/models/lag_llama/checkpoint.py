@@ -13,7 +13,7 @@ import torch
 
 from isoprobe.models.allow_list_pickle import TENSOR_GLOBALS, allow_list_pickle
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.lag_llama_network import SCALINGS
+from isoprobe.models.lag_llama.network import SCALINGS
 
 
 def _object_new_only(owner: Any, attribute: str) -> Any:
@@ -41,8 +41,7 @@ def _is_gluonts(module: str, name: str) -> bool:
 
 
 #: what ``torch.load`` takes as its ``pickle_module``: every read goes through the allow-list
-_allow_list_pickle = allow_list_pickle(_ALLOWED_GLOBALS, _is_gluonts, "the checkpoint")
-_AllowListUnpickler = _allow_list_pickle.Unpickler
+checkpoint_pickle = allow_list_pickle(_ALLOWED_GLOBALS, _is_gluonts, "the checkpoint")
 
 
 def load_official_checkpoint(path: str) -> tuple[dict, dict]:
@@ -51,12 +50,12 @@ def load_official_checkpoint(path: str) -> tuple[dict, dict]:
 
     ``torch.load(weights_only=True)`` cannot read it: gluonts pickles its ``StudentTOutput`` as a
     call of ``functools.partial(getattr(object, "__new__"), ...)``, which that loader refuses.
-    So it is read by an allow-list unpickler (``_AllowListUnpickler``, the standard library's
+    So it is read by an allow-list unpickler (:data:`checkpoint_pickle`, the standard library's
     "restricting globals" recipe): tensors, containers, primitives and inert stand-ins for the
     gluonts classes; any other global is refused by name and nothing of it runs."""
     try:
         ckpt = torch.load(
-            path, map_location="cpu", pickle_module=_allow_list_pickle, weights_only=False
+            path, map_location="cpu", pickle_module=checkpoint_pickle, weights_only=False
         )
     except (pickle.UnpicklingError, AttributeError, TypeError, EOFError, RuntimeError) as err:
         raise CheckpointError(

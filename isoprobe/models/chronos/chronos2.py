@@ -13,8 +13,8 @@ Groups: isoprobe gives every window its own group (``group_ids = arange(B)``, th
 default), so group attention never mixes windows at the positions they observe: a window's
 forecast does not depend on which other windows share its batch. Out of training, the group
 attention is then computed without its attention, bit for bit
-(:mod:`isoprobe.models.chronos2_group_attention`). Training uses the model's own forward with
-a target: the quantile loss. Forecasts are one direct pass for the whole horizon, as
+(:mod:`isoprobe.models.chronos.chronos2_group_attention`). Training uses the model's own
+forward with a target: the quantile loss. Forecasts are one direct pass for the whole horizon, as
 ``Chronos2Pipeline.predict`` does for a horizon within the model's ``max_output_patches``.
 """
 
@@ -54,7 +54,7 @@ try:
     from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
     from chronos.chronos2.config import Chronos2ForecastingConfig
 
-    from isoprobe.models.chronos2_group_attention import skip_own_group_attention
+    from isoprobe.models.chronos.chronos2_group_attention import skip_own_group_attention
 except ImportError as err:  # chronos-forecasting missing, or older than Chronos-2
     raise ImportError(
         f"model=chronos2 needs chronos-forecasting's Chronos2Model ({err}). "

@@ -24,7 +24,7 @@ patch made only of padding is packed as a sample of its own, which the real patc
 attend to); any other NaN is a missing value (``observed_mask`` 0, value 0).
 
 uni2ts pins old torch/numpy releases, so it is an extra installed without its dependencies
-(:data:`INSTALL`) and imported only when a Moirai model is built.
+(:data:`isoprobe.models.moirai.loading.INSTALL`) and imported only when a Moirai model is built.
 """
 
 from __future__ import annotations
@@ -42,14 +42,7 @@ from torch import Tensor, nn
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
-from isoprobe.models.moirai_loading import (
-    DISTRIBUTION_OUTPUTS,
-    INSTALL,
-    distribution_output,
-    import_uni2ts,
-    load_moirai,
-    official_mixture,
-)
+from isoprobe.models.moirai.loading import import_uni2ts, load_moirai
 
 log = logging.getLogger(__name__)
 
@@ -354,15 +347,3 @@ class MoiraiForecastModule(ForecastModule):
 def _first_argument_through(tap: nn.Module, _module: nn.Module, args: tuple) -> tuple:
     """Forward pre-hook: the module's first positional input through ``tap``."""
     return (tap(args[0]), *args[1:])
-
-
-__all__ = (
-    "MoiraiForecastModule",
-    "Packed",
-    # moved to moirai_loading; importable from here as before
-    "DISTRIBUTION_OUTPUTS",
-    "INSTALL",
-    "distribution_output",
-    "import_uni2ts",
-    "official_mixture",
-)

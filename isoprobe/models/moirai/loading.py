@@ -1,4 +1,4 @@
-"""Loading Moirai 1.x for :mod:`isoprobe.models.moirai`: uni2ts imported on demand (an extra,
+"""Loading Moirai 1.x for :mod:`isoprobe.models.moirai.module`: uni2ts imported on demand (an extra,
 :data:`INSTALL`), a scratch ``MoiraiModule`` or a checkpoint directory / hub id whose config.json
 is read field by field (its distribution built from an allow-list, nothing instantiated from the
 file) and whose weights are checked against it."""

@@ -24,7 +24,6 @@ from isoprobe.models.base import (
     ForecastModule,
     check_probe_site,
 )
-from isoprobe.models.chebyshev import chebyshev_embedding
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -35,16 +34,17 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
-from isoprobe.models.chronos_t5_config import chronos_config
+from isoprobe.models.chronos.chebyshev import chebyshev_embedding
+from isoprobe.models.chronos.t5_config import chronos_config
+from isoprobe.models.chronos.t5_sampling import sample_tokens
 from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
-from isoprobe.models.t5_sampling import sample_tokens
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 #: model.input_embedding: learned (T5's) | chebyshev (fixed, of rank model.chebyshev_rank)
 INPUT_EMBEDDINGS = ("learned", "chebyshev")
-#: model.sampler: fast (isoprobe's decoding, :mod:`isoprobe.models.t5_sampling`) | generate
+#: model.sampler: fast (isoprobe's decoding, :mod:`isoprobe.models.chronos.t5_sampling`) | generate
 #: (transformers' ``generate``: ChronosPipeline's random stream, the same samples for a seed)
 SAMPLERS = ("fast", "generate")
 #: the T5 config field that records a fixed encoder input embedding ({"kind", "rank"})
@@ -64,7 +64,7 @@ class ChronosT5Module(ForecastModule):
             the bundled shape).
         num_samples / temperature / top_k / top_p: sampling settings of forecasts.
         sampler: ``fast`` draws from the same distribution as ``ChronosPipeline`` several
-            times faster, with other random draws (:mod:`isoprobe.models.t5_sampling`);
+            times faster, with other random draws (:mod:`isoprobe.models.chronos.t5_sampling`);
             ``generate`` decodes with transformers' ``generate``, as ChronosPipeline does, so
             a seed gives the pipeline's own samples.
         input_embedding: ``learned`` (T5's own) | ``chebyshev``: the encoder reads a fixed
@@ -158,7 +158,7 @@ class ChronosT5Module(ForecastModule):
     def _chebyshev_embedding(self, rank: int) -> Tensor:
         """The encoder's fixed input embedding [n_tokens, d_model]: every token's bin centre
         through the rank-``rank`` Chebyshev embedding, PAD and EOS on directions of their own
-        (:func:`isoprobe.models.chebyshev.chebyshev_embedding`; seeded, so the checkpoint
+        (:func:`isoprobe.models.chronos.chebyshev.chebyshev_embedding`; seeded, so the checkpoint
         stores only its rank)."""
         config = self.chronos_config
         special = config.n_special_tokens

@@ -1,9 +1,9 @@
 """VisionTS (Chen et al. 2024, "VisionTS: Visual Masked Autoencoders Are Free-Lunch Zero-Shot
 Time Series Forecasters"; official code: the ``visionts`` package) as a :class:`ForecastModule`.
 
-A window is drawn as a grey image by its period (:mod:`isoprobe.models.visionts_image`): its
+A window is drawn as a grey image by its period (:mod:`isoprobe.models.visionts.image`): its
 context fills the left patch columns, the right ones are hidden, and an ImageNet masked
-autoencoder (:mod:`isoprobe.models.visionts_mae`) reconstructs them; the reconstruction read
+autoencoder (:mod:`isoprobe.models.visionts.mae`) reconstructs them; the reconstruction read
 back is the forecast, a point forecast (every quantile level is that point).
 
 The period (``model.periodicity``): null takes the data's ``season_length`` (the official
@@ -38,7 +38,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
-from isoprobe.models.visionts_checkpoint import (
+from isoprobe.models.visionts.checkpoint import (
     CACHE_DIR,
     DOWNLOAD_HOST,
     DOWNLOAD_URL,
@@ -49,7 +49,7 @@ from isoprobe.models.visionts_checkpoint import (
     read_export_shape,
     read_state_dict,
 )
-from isoprobe.models.visionts_image import (
+from isoprobe.models.visionts.image import (
     NORM_CONST,
     ImageLayout,
     normalise,
@@ -57,7 +57,7 @@ from isoprobe.models.visionts_image import (
     render,
     visible_patches_observed,
 )
-from isoprobe.models.visionts_mae import MAEShape, MaskedAutoencoder
+from isoprobe.models.visionts.mae import MAEShape, MaskedAutoencoder
 from isoprobe.network import host_reachable
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class VisionTSModule(ForecastModule):
         bundled_name: the name ``checkpoint=bundled`` asks for (isoprobe ships none).
         periodicity: the period the context is segmented by; null: the data's season length.
         size: which entry of ``sizes`` builds the model (and names the published file).
-        sizes: named :class:`~isoprobe.models.visionts_mae.MAEShape` fields.
+        sizes: named :class:`~isoprobe.models.visionts.mae.MAEShape` fields.
         **base: the :class:`ForecastModule` arguments.
     """
 
@@ -201,7 +201,7 @@ class VisionTSModule(ForecastModule):
     # ----------------------------------------------------------------- weights
     def export(self, directory: str, dtype: str = "float32") -> None:
         """``config.json`` and ``model.pth`` in the published ``{'model': state_dict}`` layout
-        (:mod:`isoprobe.models.visionts_checkpoint`)."""
+        (:mod:`isoprobe.models.visionts.checkpoint`)."""
         state = {k: v.to(getattr(torch, dtype)) for k, v in self.mae.state_dict().items()}
         export_directory(state, self.mae.shape, directory)
 

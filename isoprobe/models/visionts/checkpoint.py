@@ -8,7 +8,7 @@ there with its shape: a file that lacks one, holds one misshapen or holds extra 
 naming them (the official package prints a line and carries on with random weights).
 
 An export (:func:`export_directory`) is a directory with ``config.json`` (the architecture,
-:class:`~isoprobe.models.visionts_mae.MAEShape`'s fields, read back as data and checked key by
+:class:`~isoprobe.models.visionts.mae.MAEShape`'s fields, read back as data and checked key by
 key) and ``model.pth`` in the published layout, which the official code also loads.
 """
 
@@ -30,7 +30,7 @@ from torch import Tensor
 
 from isoprobe.models.checkpoints import CheckpointError, read_json_config
 from isoprobe.models.pickle_globals import refused_globals
-from isoprobe.models.visionts_mae import MAEShape, expected_tensors, from_published, to_published
+from isoprobe.models.visionts.mae import MAEShape, expected_tensors, from_published, to_published
 from isoprobe.network import host_reachable
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def official_file(size: str) -> Path:
 
 def read_state_dict(path: Path, shape: MAEShape) -> dict[str, Tensor]:
     """The tensors of a published-layout ``.pth`` at ``path``, checked against ``shape``, with
-    the query, key and value split (:func:`~isoprobe.models.visionts_mae.from_published`)."""
+    the query, key and value split (:func:`~isoprobe.models.visionts.mae.from_published`)."""
     if not path.is_file():
         raise CheckpointError(
             f"{path} does not exist: an export directory holds {EXPORT_WEIGHTS} beside "

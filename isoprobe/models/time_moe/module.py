@@ -1,6 +1,6 @@
 """Time-MoE (Shi et al., 2024) as a :class:`ForecastModule`, on isoprobe's own network
-(:mod:`isoprobe.models.time_moe_network`); published checkpoints (Maple728/TimeMoE-50M, -200M)
-load as published, through :mod:`isoprobe.models.time_moe_loading`.
+(:mod:`isoprobe.models.time_moe.network`); published checkpoints (Maple728/TimeMoE-50M, -200M)
+load as published, through :mod:`isoprobe.models.time_moe.loading`.
 
 Forecasting follows the official README and ``generate``: each window is normalised by the mean
 and (unbiased) standard deviation of its context, then rolled out autoregressively: at every
@@ -37,9 +37,9 @@ from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
-from isoprobe.models.time_moe_config import official_config
-from isoprobe.models.time_moe_loading import load_network
-from isoprobe.models.time_moe_network import TimeMoeNetwork, balance_loss
+from isoprobe.models.time_moe.config import official_config
+from isoprobe.models.time_moe.loading import load_network
+from isoprobe.models.time_moe.network import TimeMoeNetwork, balance_loss
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Lag-Llama network (Rasul et al., 2023), used by :mod:`isoprobe.models.lag_llama`.
+"""The Lag-Llama network (Rasul et al., 2023), used by :mod:`isoprobe.models.lag_llama.module`.
 
 A LLaMA-style decoder-only transformer (RMSNorm, rotary position embeddings, causal
 self-attention, SwiGLU MLP) reads one token per time step; a Student-t head gives the next value's

@@ -21,8 +21,8 @@ from isoprobe.models.checkpoints import (
     read_safetensors,
     scratch_shape,
 )
-from isoprobe.models.time_moe_config import LOADS, shape_from_config, shape_from_fields
-from isoprobe.models.time_moe_network import TimeMoeNetwork
+from isoprobe.models.time_moe.config import LOADS, shape_from_config, shape_from_fields
+from isoprobe.models.time_moe.network import TimeMoeNetwork
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 

@@ -5,7 +5,7 @@ turns each module into an inert stand-in (TOTEM's ``lib.models.vqvae`` classes a
 classes they hold, by exact name) that keeps its ``_parameters`` and ``_modules``; any other
 global is refused by name and nothing of it runs. :func:`load_totem_tokenizer` then reads the
 architecture from the tensors' shapes and maps the official parameter names onto
-:class:`~isoprobe.models.totem.TotemTokenizer`'s."""
+:class:`~isoprobe.models.totem.tokenizer.TotemTokenizer`'s."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from isoprobe.models.allow_list_pickle import TENSOR_GLOBALS, PickledObject, allow_list_pickle
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.totem import COMPRESSION_FACTORS, TotemConfig, TotemTokenizer
+from isoprobe.models.totem.tokenizer import COMPRESSION_FACTORS, TotemConfig, TotemTokenizer
 
 #: the module the official scripts' pickles name (they run from ``forecasting/``)
 TOTEM_MODULE = "lib.models.vqvae"

@@ -13,7 +13,7 @@ first two widen 1 -> h/2 -> h, any further ones keep h) each followed by ReLU, a
 convolution, a residual stack (units ``relu(x) + conv1(relu(conv3(relu(x))))`` without biases, then
 ReLU), and a 1x1 convolution to the code width; the decoder mirrors it with transposed
 convolutions. Its weights load from the official whole-module pickles through
-:mod:`isoprobe.models.totem_checkpoint`, which maps the official parameter names onto these.
+:mod:`isoprobe.models.totem.checkpoint`, which maps the official parameter names onto these.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from isoprobe.models.allow_list_pickle import PickledObject
 from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -43,11 +42,9 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
-from isoprobe.models.lag_llama_checkpoint import _AllowListUnpickler, load_official_checkpoint
-from isoprobe.models.lag_llama_network import (
+from isoprobe.models.lag_llama.checkpoint import load_official_checkpoint
+from isoprobe.models.lag_llama.network import (
     NUM_TIME_FEATURES,
-    OFFICIAL_LAG_FREQUENCIES,
-    SCALINGS,
     KeyValueCache,
     LagLlamaNetwork,
     _require_gluonts,
@@ -315,19 +312,3 @@ def load_matching(network: nn.Module, state: Mapping[str, Tensor], source: str) 
             "The config and the weights belong to different checkpoints; re-export the model."
         )
     network.load_state_dict({k: v.float() for k, v in state.items()})
-
-
-__all__: Sequence[str] = (
-    "LagLlamaModule",
-    "official_lags",
-    "load_official_checkpoint",
-    # moved to lag_llama_network / lag_llama_checkpoint; importable from here as before
-    "KeyValueCache",
-    "LagLlamaNetwork",
-    "NUM_TIME_FEATURES",
-    "OFFICIAL_LAG_FREQUENCIES",
-    "PickledObject",
-    "SCALINGS",
-    "_AllowListUnpickler",
-    "window_scale",
-)
