@@ -205,7 +205,7 @@ def test_within_run_association_over_epochs():
 def test_a_study_experiment_ends_with_its_report(tmp_path):
     """One command: the sweep, then task=analyze on it (the Hydra callback)."""
     tiny = [o for o in TINY_RUN if not o.startswith(("trainer.max_epochs", "data.max_train"))]
-    tiny = [o for o in tiny if not o.startswith("callbacks.isotropy")]
+    tiny = [o for o in tiny if not o.startswith("callbacks.")]
     sweep = tmp_path / "sweep"
     run(
         "-m",

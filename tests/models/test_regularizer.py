@@ -73,7 +73,7 @@ def test_last_means_the_last_block_of_each_stack(tiny_config):
 
 
 def finetune(tmp_path, *overrides: str) -> dict:
-    tiny = [o for o in tiny_for("chronos") if not o.startswith("callbacks.isotropy.")]
+    tiny = [o for o in tiny_for("chronos") if not o.startswith("callbacks.")]
     cfg = compose_config(
         tmp_path, [*tiny, "model.checkpoint=scratch", "callbacks=none", *overrides]
     )

@@ -100,7 +100,7 @@ def test_the_probe_observes_without_changing_training(tmp_path):
     it are bit for bit those of a run without the probe."""
     base = [*TINY, "model.checkpoint=scratch", "task.evaluate_before=false"]
     probed = run_task(compose_config(tmp_path / "probed", base))
-    unprobed_base = [o for o in base if not o.startswith("callbacks.isotropy.")]
+    unprobed_base = [o for o in base if not o.startswith("callbacks.")]
     unprobed = run_task(compose_config(tmp_path / "unprobed", [*unprobed_base, "callbacks=none"]))
     assert probe_csv(tmp_path / "probed").epoch.unique().tolist() == [0, 1]
     assert not (tmp_path / "unprobed" / "probe_metrics.csv").exists()
