@@ -120,7 +120,9 @@ def wandb_records(offline_run: Path) -> list[dict]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the slow end-to-end tests first: they are a handful of tests taking
     half the suite's time, and queued last they leave one worker running them alone while the
-    other idles. Every worker collects the same order, as xdist requires."""
+    other idles. ``--maxschedchunk=2`` (pyproject's addopts) then hands them out two at a time,
+    so they alternate between the workers instead of all landing in the first worker's opening
+    batch (a quarter of its share). Every worker collects the same order, as xdist requires."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
