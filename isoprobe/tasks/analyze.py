@@ -156,9 +156,7 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     table.to_csv(output / "correlations.csv", index=False)
     extra = _compared_by_forecast(study, output)
     if not study.table.empty:
-        depth = _depth_and_strata(study, options, output)
-        written += list(depth)
-        extra.update(depth)
+        extra.update(_depth_and_strata(study, options, output))
     moved = geometry_change(study)
     if not moved.empty:
         moved.to_csv(output / "geometry_change.csv", index=False)

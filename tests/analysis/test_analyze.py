@@ -58,7 +58,7 @@ def sweep(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def analysis(sweep) -> Path:
     out = sweep.parent / (sweep.name + "-analysis")
-    run(
+    done = run(
         "task=analyze",
         f"analyze.runs={sweep}",
         "analyze.n_boot=200",
@@ -66,7 +66,16 @@ def analysis(sweep) -> Path:
         f"hydra.run.dir={out}",
         cwd=sweep.parent,
     )
+    (sweep.parent / "analysis-stdout.txt").write_text(done.stdout)
     return out
+
+
+def test_the_analysis_names_each_file_it_wrote_once(analysis):
+    stdout = (analysis.parent / "analysis-stdout.txt").read_text()
+    listed = [line.strip() for line in stdout.splitlines() if line.startswith(f"  {analysis}")]
+    assert len(listed) == len(set(listed)) > 5
+    assert all(Path(path).is_file() for path in listed)
+    assert {"study.csv", "correlations.csv", "report.html"} <= {Path(p).name for p in listed}
 
 
 def run_dirs(sweep: Path) -> list[Path]:
