@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import wandb
 from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_only
@@ -66,6 +68,20 @@ class AppendingCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
+
+
+class LoggersSavedWithCheckpoint(Callback):
+    """Writes out what the loggers hold before each checkpoint file is written.
+
+    Lightning saves a checkpoint before the CSV logger writes the epoch's buffered rows, so a
+    run killed between the two resumes from that checkpoint with those rows lost for good (the
+    resumed run starts after them). ``on_save_checkpoint`` runs before the file is written."""
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        for logger in trainer.loggers:
+            logger.save()
 
 
 def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> dict[str, Logger]:

@@ -31,6 +31,7 @@ from isoprobe.models.compression_files import apply_saved_compression
 from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.settings import check_settings
 from isoprobe.tasks.loggers import (
+    LoggersSavedWithCheckpoint,
     build_loggers,
     continue_wandb_run,
     read_wandb_history,
@@ -147,6 +148,7 @@ def _run_in(cfg: DictConfig, task: Task, output_dir: Path) -> dict[str, Any]:
     # the run's zero-shot forecast, unless resume_allow_data_change moved it to other data
     before = identity.get("before") if identity.get("data") == data else None
     callbacks.append(RunIdentity(wandb_run_ids(loggers), resolved, data, wandb_dirs, adapt, before))
+    callbacks.append(LoggersSavedWithCheckpoint())
     plugins = [*(instantiate(p) for p in cfg.trainer.get("plugins") or []), *slurm_plugins()]
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=list(loggers.values()) or False, plugins=plugins

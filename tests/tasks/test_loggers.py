@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import lightning as L
 import pandas as pd
 import pytest
 import wandb
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import OmegaConf
 
-from isoprobe.tasks.loggers import AppendingCSVLogger, build_loggers, wandb_goes_offline
+from isoprobe.tasks.loggers import (
+    AppendingCSVLogger,
+    LoggersSavedWithCheckpoint,
+    build_loggers,
+    wandb_goes_offline,
+)
 
 SELF_HOSTED = "https://wandb.mylab.example"
 
@@ -113,3 +122,51 @@ def test_csv_logger_continues_the_metrics_file_of_a_run_resumed_in_place(tmp_pat
     assert rows.step.tolist() == [1, 2]
     assert rows["train/loss"].tolist() == [4.0, 3.0]
     assert rows["val/loss"].isna().tolist() == [True, False]
+
+
+class _ProbeLikeLogger(Callback):
+    """Logs at the end of each validation, before the checkpoint callback saves (as the probes
+    do: their rows reach the loggers after Lightning has written the validation's)."""
+
+    def on_validation_end(self, trainer, pl_module):
+        for logger in trainer.loggers:
+            logger.log_metrics(
+                {"probe_x": 1.0, "epoch": trainer.current_epoch}, trainer.global_step
+            )
+
+
+@pytest.mark.parametrize("saved", [True, False])
+def test_each_checkpoint_is_written_after_the_csv_rows_logged_before_it(tmp_path, saved):
+    """When a checkpoint file is written, metrics.csv already holds the rows logged before it
+    (the probe's of the epoch it ends), so a run killed right after it loses none of them.
+    Without the callback they still sit in the CSV logger's buffer then."""
+    logger = AppendingCSVLogger(tmp_path, name="csv", version=0)
+    extra = [LoggersSavedWithCheckpoint()] if saved else []
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    trainer = L.Trainer(
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=2,
+        logger=logger,
+        callbacks=[_ProbeLikeLogger(), checkpoint, *extra],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    on_disk_at_save: list[set[int]] = []
+    write = trainer.strategy.save_checkpoint
+
+    def save_checkpoint(checkpoint, filepath, storage_options=None):
+        metrics = tmp_path / "csv" / "version_0" / "metrics.csv"
+        table = pd.read_csv(metrics) if metrics.is_file() else pd.DataFrame()
+        rows = table.dropna(subset=["probe_x"]) if "probe_x" in table else table
+        on_disk_at_save.append(set(rows["epoch"].astype(int)) if len(rows) else set())
+        write(checkpoint, filepath, storage_options)
+
+    trainer.strategy.save_checkpoint = save_checkpoint
+    trainer.fit(BoringModel())
+    assert len(on_disk_at_save) >= 2
+    if saved:
+        assert on_disk_at_save[0] == {0} and on_disk_at_save[-1] == {0, 1}
+    else:
+        assert on_disk_at_save[0] == set()
