@@ -181,3 +181,19 @@ def seeded_subsample(X: Tensor, max_rows: int, seed: int) -> Tensor:
         return X
     perm = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(seed))
     return X[perm[:max_rows].sort().values]
+
+
+def toy_trainer(callbacks: list, **kwargs: Any) -> L.Trainer:
+    """One CPU process for the toy model: one epoch, no progress bar, model summary,
+    checkpoints, sanity check nor logger, unless ``kwargs`` say otherwise."""
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        logger=False,
+    )
+    return L.Trainer(callbacks=callbacks, **{**options, **kwargs})

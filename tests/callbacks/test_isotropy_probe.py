@@ -24,6 +24,7 @@ from probe_toy import (
     ToyWindows,
     seeded_subsample,
     tokens_by_hand,
+    toy_trainer,
 )
 from sklearn.decomposition import PCA
 
@@ -35,19 +36,7 @@ K_MAX = 4
 
 
 def _trainer(tmp_path: Path, callbacks: list, max_epochs: int = 1, **kwargs) -> L.Trainer:
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        default_root_dir=str(tmp_path),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        logger=False,
-    )
-    options.update(kwargs)
-    return L.Trainer(callbacks=callbacks, **options)
+    return toy_trainer(callbacks, max_epochs=max_epochs, default_root_dir=str(tmp_path), **kwargs)
 
 
 def _probe(tmp_path: Path, **kwargs) -> IsotropyProbe:

@@ -4,28 +4,17 @@ ignore."""
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 from hydra.utils import instantiate
 from isoprobe.callbacks import IsotropyProbe, RankProbe
-from probe_toy import ToyData, ToyForecaster
+from probe_toy import ToyData, ToyForecaster, toy_trainer
 
 LEADER = dict(num_windows=8, batch_size=3, max_tokens=60, every_n_epochs=2, layers=["encoder.1"])
 
 
 def _fit(callbacks: list, max_epochs: int = 2) -> ToyForecaster:
     model = ToyForecaster()
-    L.Trainer(
-        callbacks=callbacks,
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        logger=False,
-    ).fit(model, datamodule=ToyData())
+    toy_trainer(callbacks, max_epochs=max_epochs).fit(model, datamodule=ToyData())
     return model
 
 

@@ -11,27 +11,13 @@ import torch
 from isoprobe.callbacks import IsotropyProbe, RankProbe
 from isoprobe.callbacks.rank import _flow
 from isoprobe.callbacks.records import read_records
-from probe_toy import ToyData, ToyForecaster, seeded_subsample, tokens_by_hand
+from probe_toy import ToyData, ToyForecaster, seeded_subsample, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics import probe_metrics, reference
 from isoprobe.metrics.rank import rank_metric
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 EPSILONS = (1e-3, 1e-2, 1e-1)
-
-
-def _trainer(callbacks: list, **kwargs) -> L.Trainer:
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        logger=False,
-    )
-    return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
 
 
 def _values(records: list[dict]) -> dict[tuple[str, str], float]:
@@ -42,7 +28,7 @@ def test_ranks_equal_the_reference_on_the_collected_tokens_and_the_attention_wei
     L.seed_everything(0)
     model, data = ToyForecaster(), ToyData()
     probe = RankProbe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
-    _trainer([probe]).validate(model, datamodule=data, verbose=False)
+    toy_trainer([probe]).validate(model, datamodule=data, verbose=False)
     got = _values(probe.records)
 
     tokens = tokens_by_hand(model, data.val_dataset, probe.window_indices, batch_size=3)
@@ -71,7 +57,7 @@ def test_the_isotropy_and_rank_probes_read_one_shared_forward_pass(tmp_path):
     # 8 windows in batches of 3: one collection pass is 3 probe_forward calls
     def calls(callbacks: list) -> int:
         model = ToyForecaster()
-        _trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
+        toy_trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
         return len(model.probe_calls)
 
     iso = dict(PROBE_SET, metrics={"k_max": 4}, output_dir=str(tmp_path))
@@ -88,7 +74,7 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
     def rank_records(callbacks: list) -> dict:
         L.seed_everything(0)
         model = ToyForecaster()
-        _trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
+        toy_trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
         (rank,) = [c for c in callbacks if isinstance(c, RankProbe)]
         return _values(rank.records)
 
@@ -106,7 +92,7 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
 def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path, every, drawn):
     L.seed_everything(0)
     probe = RankProbe(output_dir=str(tmp_path), figures_every_n_epochs=every, **PROBE_SET)
-    _trainer([probe], max_epochs=2).fit(ToyForecaster(), datamodule=ToyData())
+    toy_trainer([probe], max_epochs=2).fit(ToyForecaster(), datamodule=ToyData())
     assert probe.probed_epochs == [0, 1, 2]
     on_disk = read_records(tmp_path / "rank_metrics.csv")
     assert [r["probe"] for r in on_disk] == ["rank"] * len(probe.records)
@@ -130,7 +116,7 @@ def test_thresholds_outside_zero_one_are_refused(epsilons):
 
 def test_weights_false_measures_the_tokens_only(tmp_path):
     probe = RankProbe(weights=False, output_dir=str(tmp_path), **PROBE_SET)
-    _trainer([probe]).validate(ToyForecaster(), datamodule=ToyData(), verbose=False)
+    toy_trainer([probe]).validate(ToyForecaster(), datamodule=ToyData(), verbose=False)
     assert {r["layer"] for r in probe.records} == {"embed", "encoder.0", "encoder.1"}
     assert not any("_q_" in r["metric"] for r in probe.records)
     assert torch.is_grad_enabled()
@@ -155,7 +141,7 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
         a, b = torch.randn(16, 3), torch.randn(3, 16)
         model.cross.in_proj_weight[32:].copy_(a @ b)
     probe = RankProbe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
-    _trainer([probe]).validate(model, datamodule=ToyData(), verbose=False)
+    toy_trainer([probe]).validate(model, datamodule=ToyData(), verbose=False)
     got = _values(probe.records)
     fused = model.cross.in_proj_weight.detach().double().numpy()
     weights = {"q": fused[:16], "k": fused[16:32], "v": fused[32:]}

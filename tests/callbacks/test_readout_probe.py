@@ -4,13 +4,12 @@ rest, from the same pass as the other measures."""
 
 from __future__ import annotations
 
-import lightning as L
 import pandas as pd
 import pytest
 import torch
 from isoprobe.callbacks import IsotropyProbe
 from isoprobe.callbacks.readout import scaled_horizon
-from probe_toy import ToyData, ToyForecaster, tokens_by_hand
+from probe_toy import ToyData, ToyForecaster, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics.readout import ridge_readout
 
@@ -25,17 +24,7 @@ def test_the_readout_fits_each_layers_window_means_to_the_scaled_horizon(tmp_pat
         batch_size=4,
         readout={"train_fraction": 0.5},
     )
-    L.Trainer(
-        callbacks=[iso],
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        logger=False,
-    ).fit(model, datamodule=ToyData())
+    toy_trainer([iso]).fit(model, datamodule=ToyData())
     assert len(model.probe_calls) == 2 * 3  # one pass per probed epoch, 10 windows in 3 batches
 
     data = ToyData()

@@ -23,7 +23,7 @@ from isoprobe.callbacks.window_means import (
     write_window_means,
 )
 from lightning.pytorch.callbacks import ModelCheckpoint
-from probe_toy import CONTEXT, HORIZON, ToyData, ToyForecaster, tokens_by_hand
+from probe_toy import CONTEXT, HORIZON, ToyData, ToyForecaster, tokens_by_hand, toy_trainer
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
 
@@ -53,17 +53,7 @@ class SeriesWindows(L.LightningDataModule):
 
 
 def _fit(probe: IsotropyProbe, model: ToyForecaster, data: L.LightningDataModule) -> None:
-    L.Trainer(
-        callbacks=[probe],
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        logger=False,
-    ).fit(model, datamodule=data)
+    toy_trainer([probe], max_epochs=2).fit(model, datamodule=data)
 
 
 def _means_by_hand(model: ToyForecaster, dataset: WindowDataset, windows: list[int]) -> dict:
