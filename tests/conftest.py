@@ -127,6 +127,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def run_py_at(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python run.py <overrides>`` started in ``cwd`` (with ``env`` added to this process's
+    environment), its output captured; the caller checks the return code."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *overrides],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
 def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
     """The run config as ``python run.py <overrides>`` would see it, writing under tmp_path."""
     GlobalHydra.instance().clear()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +15,8 @@ from omegaconf import OmegaConf
 from isoprobe.analysis.study import load_study
 from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.run_lock import RunDirectoryInUse
-from tests.conftest import ROOT, TINY_MODEL, TINY_RUN
+from tests.conftest import TINY_MODEL, TINY_RUN
+from tests.conftest import run_py_at as run_py
 from tests.tasks.test_run_lock import _holder, _stop
 
 pytestmark = pytest.mark.slow
@@ -25,16 +24,6 @@ pytestmark = pytest.mark.slow
 TINY = [o for o in TINY_RUN if not o.startswith(("trainer.max_epochs", "data.max_train"))]
 SWEEP = ["-m", "task=probe", "model=chronos_bolt", *TINY_MODEL["chronos_bolt"], *TINY]
 SWEEP += ["data=energy,weather"]
-
-
-def run_py(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 @pytest.fixture(scope="module")

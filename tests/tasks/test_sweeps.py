@@ -19,23 +19,13 @@ import yaml
 
 from isoprobe.analysis.study import load_study
 from tests.conftest import ROOT, TINY_MODEL, TINY_RUN, compose_config
+from tests.conftest import run_py_at as run_py
 
 pytestmark = pytest.mark.slow
 
 TINY = [o for o in TINY_RUN if not o.startswith(("trainer.max_epochs", "data.max_train"))]
 BOLT = ["model=chronos_bolt", *TINY_MODEL["chronos_bolt"], *TINY]
 PROBE_SWEEP = ["-m", "task=probe", *BOLT, "data=energy,weather"]
-
-
-def run_py(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *overrides],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=None if env is None else {**os.environ, **env},
-    )
 
 
 def started(job: Path) -> int:
