@@ -4,20 +4,19 @@ Across runs (``correlations.csv``): one observation per run, the geometry metric
 the same weights that made the forecast: ``before_*`` errors pair with the run's first probe
 (zero-shot, or epoch 0 of a fine-tuning run), ``after_*`` and ``final_*`` errors with its last
 (a zero-shot run has one probed epoch, so its last is its first). A test is one
-metric × layer choice × forecast metric × group; the layer choices are every layer, ``last``
-(the last block of each model, nearest its output: the papers' choice) and ``mean`` (the mean
-over a model's blocks); the groups are ``all`` runs pooled, each ``model=<m>``, and each
-``dataset=<d>`` that several models ran on. Benjamini–Hochberg q-values are taken over every
-defined test of the table, since many metric × layer pairs are tested at once.
+metric × layer choice × forecast metric × group; the groups are ``all`` runs pooled, each
+``model=<m>``, and each ``dataset=<d>`` that several models ran on. Inside one model, a layer is
+its name; a group that pools several models compares layers by relative depth alone, since
+``decoder.0`` of one architecture is not ``decoder.0`` of another: the ``first``, ``middle``
+and ``last`` block of each model in the probe's order, the ``mean`` over its blocks, and
+``embed``.
 
-A test with no answer (``undefined`` says why: too few runs, a constant metric or forecast) has
-no ρ, τ, interval, p or q and takes no place in the correction (:mod:`.statistics`). A measure
-of the weights alone (the rank probe's ε-ranks of attention projections,
-:func:`isoprobe.metrics.rank.is_weight_metric`) has one value per set of weights, whatever data
-the run read: across runs that share their weights (one zero-shot model on several data sets,
-or fine-tuning runs at their epoch-0 probe) its runs are not independent observations, so such a
-test is undefined (``runs share weights``) unless every run it uses has weights of its own
-(:func:`weight_identity`).
+Each test belongs to one family (:mod:`.family`): the declared question (the
+``analyze.isotropy_metric`` of the last block against the primary forecast metric, per model
+and within model, corrected on its own), the exploratory scan (corrected on its own),
+descriptive tests (too few runs to ever reach the level), repeats of a test already counted,
+and undefined tests (no ρ, τ, interval, p or q, :mod:`.statistics`), among them every test of a
+measure of the weights alone over runs that share weights (:mod:`.independence`).
 
 Within runs (``within_run.csv``): for fine-tuning runs with per-epoch validation metrics, each
 metric's trajectory over epochs against the validation error, per run.
@@ -30,10 +29,22 @@ import re
 import numpy as np
 import pandas as pd
 
-from isoprobe.analysis.statistics import MIN_RUNS, TOO_FEW_RUNS, associate, q_values
+from isoprobe.analysis.family import (
+    WITHIN_MODEL,
+    Question,
+    assign_families,
+    log_pairings_of,
+    sameness_key,
+)
+from isoprobe.analysis.independence import SHARED_WEIGHTS, shared_weight_tests
+from isoprobe.analysis.statistics import (
+    MIN_RUNS,
+    TOO_FEW_RUNS,
+    associate,
+    stratified_spearman,
+)
 from isoprobe.analysis.study import Study
 from isoprobe.metrics import metrics_where
-from isoprobe.metrics.rank import is_weight_metric
 
 CORRELATION_COLUMNS = (
     "metric",
@@ -47,16 +58,17 @@ CORRELATION_COLUMNS = (
     "kendall",
     "p_value",
     "q_value",
+    "family",
+    "repeats",
     "undefined",
 )
 #: a block of a stack: ``encoder.3``, ``decoder.0``, ``blocks.11`` (not ``embed``, not sites)
 BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
+#: the layer choices that mean the same in every architecture (module docstring)
+DEPTH_CHOICES = ("first", "middle", "last", "mean")
+ACROSS_MODELS = ("embed", *DEPTH_CHOICES)
 #: forecast-metric prefix -> the probed epoch it pairs with (:func:`geometry_at`)
 PAIRED_PROBE = {"before": "before", "after": "after", "final": "after"}
-#: why a measure of the weights alone is not tested across runs (module docstring)
-SHARED_WEIGHTS = "runs share weights"
-#: the checkpoint setting of randomly initialised weights (they differ by seed and shape)
-SCRATCH = "scratch"
 
 
 def geometry_at(study: Study, when: str) -> pd.DataFrame:
@@ -84,15 +96,31 @@ def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
     blocks = at[at["layer"].isin(block_names)]
     if len(blocks):
         rank = blocks["layer"].map(order)
-        last_rank = rank.groupby([blocks["run"], blocks["probe"]]).transform("max")
-        last = blocks[rank == last_rank].pivot_table(
-            index="run", columns=["probe", "metric"], values="value", aggfunc="first"
+        by_run = rank.groupby([blocks["run"], blocks["probe"]])
+        # the middle block: the lower median of the blocks' places, one block per run
+        places = by_run.rank(method="dense")
+        middle_place = np.floor(
+            (places.groupby([blocks["run"], blocks["probe"]]).transform("max") + 1) / 2
         )
+        chosen = {
+            "first": rank == by_run.transform("min"),
+            "middle": places == middle_place,
+            "last": rank == by_run.transform("max"),
+        }
         # the mean over a run's blocks is NaN where one of them is (not the others' mean)
         values = blocks.groupby(["run", "probe", "metric"])["value"]
         mean = values.mean().where(values.count() == values.size())
         mean = mean.unstack(["probe", "metric"]).dropna(axis=1, how="all")
-        extra = [_with_layer(last, "last"), _with_layer(mean, "mean")]
+        extra = [
+            _with_layer(
+                blocks[where].pivot_table(
+                    index="run", columns=["probe", "metric"], values="value", aggfunc="first"
+                ),
+                choice,
+            )
+            for choice, where in chosen.items()
+        ]
+        extra.append(_with_layer(mean, "mean"))
         wide = pd.concat([wide, *extra], axis=1)
     return wide.sort_index(axis=1)
 
@@ -101,32 +129,6 @@ def _with_layer(frame: pd.DataFrame, layer: str) -> pd.DataFrame:
     frame = frame.copy()
     frame.columns = pd.MultiIndex.from_tuples([(p, m, layer) for p, m in frame.columns])
     return frame
-
-
-def weight_identity(study: Study, when: str) -> pd.Series:
-    """Run -> a label of the weights its ``when`` probe (``before``: first, ``after``: last)
-    measured: the run itself where that probe followed training (epoch > 0); else the weights
-    it loaded, model and checkpoint, with the seed and window lengths for a random
-    initialisation (``checkpoint=scratch``), whose weights they decide."""
-    epochs = study.table.groupby("run")["epoch"].agg("min" if when == "before" else "max")
-    runs = study.runs.set_index("run").reindex(epochs.index)
-    factors = runs.reindex(columns=["model", "checkpoint", "seed", "context_length", "horizon"])
-    factors = factors.astype(str)
-    loaded = factors["model"] + "|" + factors["checkpoint"]
-    scratch = factors["checkpoint"] == SCRATCH
-    shape = factors[["seed", "context_length", "horizon"]].agg("|".join, axis=1)
-    loaded = loaded.where(~scratch, loaded + "|" + shape)
-    return loaded.where(epochs == 0, "trained|" + runs.index.to_series())
-
-
-def _sharing_weights(identity: pd.Series, x: np.ndarray) -> np.ndarray:
-    """Per column of ``x`` [runs, tests]: whether two of the runs it is complete on share
-    their weights (fewer distinct weight labels than runs)."""
-    codes, _ = pd.factorize(identity)
-    one_hot = np.eye(codes.max() + 1)[codes]  # runs × weight sets
-    complete = np.isfinite(x)
-    distinct = ((complete.T.astype(float) @ one_hot) > 0).sum(axis=1)
-    return distinct < complete.sum(axis=0)
 
 
 def groups(study: Study) -> dict[str, list[str]]:
@@ -141,35 +143,56 @@ def groups(study: Study) -> dict[str, list[str]]:
     return found
 
 
+def mixes_models(runs: pd.DataFrame, members: list[str]) -> bool:
+    """Whether the runs ``members`` of ``runs`` (indexed by run) are of several models."""
+    return runs.loc[members, "model"].nunique() > 1
+
+
+def comparable_columns(geometry: pd.DataFrame, mixed: bool) -> pd.DataFrame:
+    """The columns of ``geometry`` a group may test: every layer inside one model, the
+    architecture-free choices (:data:`ACROSS_MODELS`) when the group ``mixed`` models."""
+    if not mixed:
+        return geometry
+    return geometry.loc[:, geometry.columns.get_level_values(2).isin(ACROSS_MODELS)]
+
+
+def forecast_order(forecasts: list[str]) -> list[str]:
+    """``before_*``, then ``after_*``, then ``final_*``: a ``final_*`` test that repeats one of
+    the others is the one marked as the repeat."""
+    return sorted(forecasts, key=lambda f: list(PAIRED_PROBE).index(f.split("_", 1)[0]))
+
+
 def correlations(
-    study: Study, n_boot: int = 1000, n_perm: int = 1000, seed: int = 0
+    study: Study,
+    n_boot: int = 1000,
+    n_perm: int = 1000,
+    seed: int = 0,
+    question: Question | None = None,
 ) -> pd.DataFrame:
     """The across-run table of the module docstring (:data:`CORRELATION_COLUMNS` + ``probe``),
-    one row per test, with BH q-values over the whole table."""
+    one row per test, each with its family (:func:`~.family.assign_families`); with a
+    ``question``, its within-model test too (group :data:`~.family.WITHIN_MODEL`)."""
     runs = study.runs.set_index("run")
     wide = {when: geometry_at(study, when) for when in ("before", "after")}
-    identity = {when: weight_identity(study, when) for when in ("before", "after")}
-    weights = {
-        when: np.array([is_weight_metric(m) for m in frame.columns.get_level_values(1)], bool)
-        for when, frame in wide.items()
-    }
-    parts = []
-    for forecast in study.forecast_metrics:
+    parts, keys = [], []
+    for forecast in forecast_order(study.forecast_metrics):
         when = PAIRED_PROBE[forecast.split("_", 1)[0]]
-        geometry = wide[when]
         for group, members in groups(study).items():
-            rows = [r for r in members if r in geometry.index and np.isfinite(runs.at[r, forecast])]
+            rows = [
+                r for r in members if r in wide[when].index and np.isfinite(runs.at[r, forecast])
+            ]
             if not rows:
                 continue
+            geometry = comparable_columns(wide[when], mixes_models(runs, rows))
             x = geometry.loc[rows].to_numpy(dtype=float)
-            y = runs.loc[rows, forecast].to_numpy(dtype=float)[:, None]  # shared by every test
-            found = associate(x, y, n_boot=n_boot, n_perm=n_perm, seed=seed)
-            shared = weights[when] & _sharing_weights(identity[when].loc[rows], x)
+            y = runs.loc[rows, forecast].to_numpy(dtype=float)
+            found = associate(x, y[:, None], n_boot=n_boot, n_perm=n_perm, seed=seed)
             columns = geometry.columns
+            metrics = columns.get_level_values(1)
             part = pd.DataFrame(
                 {
                     "probe": columns.get_level_values(0),
-                    "metric": columns.get_level_values(1),
+                    "metric": metrics,
                     "layer": columns.get_level_values(2),
                     "forecast_metric": forecast,
                     "group": group,
@@ -179,16 +202,65 @@ def correlations(
                     "spearman_hi": found.spearman_hi,
                     "kendall": found.kendall,
                     "p_value": found.p_value,
+                    "log_pairings": log_pairings_of(found.n),
                     "undefined": np.where(found.undefined == "", None, found.undefined),
                 }
             )
+            shared = shared_weight_tests(study, when, rows, metrics, x)
             _undefine(part, shared & (found.undefined != TOO_FEW_RUNS), SHARED_WEIGHTS)
             parts.append(part)
+            keys += [sameness_key(rows, x[:, j], y) for j in range(x.shape[1])]
+    if question is not None:
+        within = within_model_test(study, question, n_perm, seed)
+        if within is not None:
+            parts.append(within)
+            keys.append(("within model", question))
     if not parts:
         return pd.DataFrame(columns=[*CORRELATION_COLUMNS, "probe"])
     table = pd.concat(parts, ignore_index=True)
-    table["q_value"] = q_values(table["p_value"].to_numpy())
+    primary = question.asks(table) if question is not None else np.zeros(len(table), bool)
+    label = (table["forecast_metric"] + ", " + table["group"].astype(str)).tolist()
+    table = assign_families(table, keys, primary, table["log_pairings"].to_numpy(), label)
     return table[[*CORRELATION_COLUMNS, "probe"]]
+
+
+def within_model_test(
+    study: Study, question: Question, n_perm: int = 1000, seed: int = 0
+) -> pd.DataFrame | None:
+    """The question's combined test: ρ of its metric with its forecast inside each model,
+    weighted by the model's runs, p by permuting inside each model
+    (:func:`~.statistics.stratified_spearman`); one row of the correlations table, or None
+    where the study lacks the metric or the forecast. Undefined where no model has
+    :data:`~.statistics.MIN_RUNS` complete runs with neither side constant."""
+    when = PAIRED_PROBE[question.forecast.split("_", 1)[0]]
+    geometry = geometry_at(study, when)
+    column = (question.probe, question.metric, question.layer)
+    runs = study.runs.set_index("run")
+    if column not in geometry.columns or question.forecast not in runs:
+        return None
+    rows = [r for r in geometry.index if np.isfinite(runs.at[r, question.forecast])]
+    x = geometry.loc[rows, [column]].to_numpy(dtype=float)
+    y = runs.loc[rows, question.forecast].to_numpy(dtype=float)
+    models = runs.loc[rows, "model"].astype(str).to_numpy()
+    found = stratified_spearman(x, y, models, n_perm, seed)
+    defined = bool(found.n[0])
+    return pd.DataFrame(
+        {
+            "probe": [question.probe],
+            "metric": question.metric,
+            "layer": question.layer,
+            "forecast_metric": question.forecast,
+            "group": WITHIN_MODEL,
+            "n": found.n,
+            "spearman": found.spearman,
+            "spearman_lo": np.nan,
+            "spearman_hi": np.nan,
+            "kendall": np.nan,
+            "p_value": found.p_value,
+            "log_pairings": found.log_pairings,
+            "undefined": None if defined else f"no model with {MIN_RUNS} runs that vary",
+        }
+    )
 
 
 def _undefine(part: pd.DataFrame, mask: np.ndarray, reason: str) -> None:

@@ -8,6 +8,9 @@
 - :func:`drift_against_gain`: each layer's drift from epoch 0 (``cka_drift`` at the last probe,
   with the ``last`` and ``mean`` layer choices) against the forecast gain of fine-tuning,
   1 - after / before of each forecast metric, across runs: pooled, and stratified by model.
+  Several models are compared by depth (the ``first``, ``middle`` and ``last`` block, the
+  ``mean``), under the rule of independence (:mod:`.independence`) and with families
+  (:mod:`.family`: repeats counted once, too few runs descriptive, q over the rest).
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from isoprobe.analysis.correlations import geometry_at
-from isoprobe.analysis.statistics import associate, q_values
-from isoprobe.analysis.stratified import stratified_spearman
+from isoprobe.analysis.correlations import comparable_columns, geometry_at
+from isoprobe.analysis.family import assign_families, log_pairings_of, sameness_key
+from isoprobe.analysis.independence import SHARED_WEIGHTS, shared_weight_tests
+from isoprobe.analysis.statistics import associate, q_values, stratified_spearman
 from isoprobe.analysis.study import Study
 from isoprobe.metrics import metrics_where
 from isoprobe.metrics.readout import READOUT_NMSE as READOUT
@@ -42,7 +46,7 @@ def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) ->
         return pd.DataFrame()
     y = readout.reindex(wide.index).to_numpy(dtype=float)
     strata = wide.index.get_level_values("run").to_numpy()
-    rho, p, n = stratified_spearman(wide.to_numpy(dtype=float), y, strata, n_perm, seed)
+    rho, p, n, _ = stratified_spearman(wide.to_numpy(dtype=float), y, strata, n_perm, seed)
     out = pd.DataFrame(
         {
             "probe": wide.columns.get_level_values(0),
@@ -62,9 +66,11 @@ def drift_against_gain(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.Da
     an after value: the pooled ρ with the gain 1 - after / before (and its p), and the ρ
     stratified by model (and its p); BH q over the table (empty without drift or training)."""
     geometry = geometry_at(study, "after")
-    drift = [c for c in geometry.columns if c[1] == DRIFT and c[2] != "embed"]
     runs = study.runs.set_index("run")
-    parts = []
+    mixed = runs["model"].nunique() > 1
+    geometry = comparable_columns(geometry, mixed)
+    drift = [c for c in geometry.columns if c[1] == DRIFT and c[2] != "embed"]
+    parts, keys = [], []
     for before in [f for f in study.forecast_metrics if f.startswith("before_")]:
         after = "after_" + before.removeprefix("before_")
         if not drift or after not in runs:
@@ -77,22 +83,29 @@ def drift_against_gain(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.Da
         y = gain.loc[rows].to_numpy(dtype=float)
         pooled = associate(x, y[:, None], n_boot=0, n_perm=n_perm, seed=seed)
         models = runs.loc[rows, "model"].astype(str).to_numpy()
-        rho, p, _ = stratified_spearman(x, y, models, n_perm, seed)
+        within = stratified_spearman(x, y, models, n_perm, seed)
+        undefined = np.where(pooled.undefined == "", None, pooled.undefined).astype(object)
+        shared = shared_weight_tests(study, "after", rows, [c[1] for c in drift], x)
+        undefined[shared & pd.isna(undefined)] = SHARED_WEIGHTS
+        defined = pd.isna(undefined)
         parts.append(
             pd.DataFrame(
                 {
                     "layer": [c[2] for c in drift],
                     "forecast_gain": "gain_" + before.removeprefix("before_"),
                     "n": pooled.n,
-                    "spearman": pooled.spearman,
-                    "p_value": pooled.p_value,
-                    "spearman_within_model": rho,
-                    "p_within_model": p,
+                    "spearman": np.where(defined, pooled.spearman, np.nan),
+                    "p_value": np.where(defined, pooled.p_value, np.nan),
+                    "spearman_within_model": np.where(defined, within.spearman, np.nan),
+                    "p_within_model": np.where(defined, within.p_value, np.nan),
+                    "undefined": undefined,
                 }
             )
         )
+        keys += [sameness_key(rows, x[:, j], y) for j in range(x.shape[1])]
     if not parts:
         return pd.DataFrame()
     out = pd.concat(parts, ignore_index=True)
-    out["q_value"] = q_values(out["p_value"].to_numpy())
-    return out
+    label = (out["forecast_gain"] + ", " + out["layer"]).tolist()
+    primary = np.zeros(len(out), dtype=bool)
+    return assign_families(out, keys, primary, log_pairings_of(out["n"].to_numpy()), label)

@@ -14,6 +14,7 @@ import hashlib
 import html
 import string
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,17 @@ def _block(part: Html | str) -> Html:
     return part if isinstance(part, Html) else markup("<p>{text}</p>", text=part)
 
 
+@dataclass(frozen=True)
+class Section:
+    """A part of the page: its heading (none for the opening), then paragraphs, figures and
+    titled tables, in that order."""
+
+    heading: str | None = None
+    paragraphs: Sequence[Html | str] = ()
+    figures: Sequence[tuple[Path, str]] = ()
+    tables: Sequence[tuple[str, pd.DataFrame]] = ()
+
+
 def write_report(
     path: Path,
     title: str,
@@ -137,13 +149,28 @@ def write_report(
     figures: list[tuple[Path, str]],
     tables: list[tuple[str, pd.DataFrame]],
 ) -> Path:
-    """The page: paragraphs, figures and titled tables, in that order. A paragraph is
-    :class:`Html` (from :func:`markup`) or plain text; the title, captions, headings and table
-    cells are plain text. Everything plain is escaped here."""
-    parts = [markup("<h1>{title}</h1>", title=title), *map(_block, paragraphs)]
-    parts += [image_html(figure, caption) for figure, caption in figures]
-    for i, (heading, frame) in enumerate(tables):
-        parts += [markup("<h2>{heading}</h2>", heading=heading), table_html(frame, f"table{i}")]
+    """The page of one section: paragraphs, figures and titled tables, in that order
+    (:func:`write_sections`)."""
+    return write_sections(path, title, [Section(None, paragraphs, figures, tables)])
+
+
+def write_sections(path: Path, title: str, sections: Sequence[Section]) -> Path:
+    """The page: each section in turn. A paragraph is :class:`Html` (from :func:`markup`) or
+    plain text; the title, headings, captions and table headings and cells are plain text.
+    Everything plain is escaped here."""
+    parts = [markup("<h1>{title}</h1>", title=title)]
+    tables = 0
+    for section in sections:
+        if section.heading:
+            parts.append(markup("<h2>{heading}</h2>", heading=section.heading))
+        parts += map(_block, section.paragraphs)
+        parts += [image_html(figure, caption) for figure, caption in section.figures]
+        for heading, frame in section.tables:
+            parts += [
+                markup("<h3>{heading}</h3>", heading=heading),
+                table_html(frame, f"table{tables}"),
+            ]
+            tables += 1
     page = markup(
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         '<meta http-equiv="Content-Security-Policy" content="{policy}">'

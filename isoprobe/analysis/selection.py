@@ -13,9 +13,14 @@ validation error. For each metric × layer choice (``last``, ``mean``) and each 
   error: 1 when the metric orders the candidates exactly as their errors do;
 - ``top1``: 1 when the candidate the metric predicts best has the lowest error.
 
-Baselines in the same table: ``random`` (ρ 0 and top-1 1/k for k candidates, in expectation)
-and, where a CSV logger wrote it, ``val_loss`` at the same epoch (a labelled baseline that
-needs no learned direction: lower is predicted better).
+Baselines in the same table: ``random`` (ρ 0 and top-1 1/k for k candidates, in expectation);
+``best model elsewhere`` (among models on a data set: each candidate's model ranked by its mean
+error rank on the *other* data sets, the choice a user makes without any geometry); and, where a
+CSV logger wrote it, ``val_loss`` at the same epoch (a labelled baseline that needs no learned
+direction: lower is predicted better). A geometry metric is worth something for selection only
+where it beats ``best model elsewhere``. ``constant_within_model`` flags a metric that takes one
+value per model (a measure of the weights of zero-shot models, or ``cka_drift`` of runs that did
+not train): it can only say which model a run is (:func:`~.independence.constant_within_model`).
 """
 
 from __future__ import annotations
@@ -24,12 +29,24 @@ import numpy as np
 import pandas as pd
 
 from isoprobe.analysis.correlations import PAIRED_PROBE, geometry_at
+from isoprobe.analysis.independence import constant_within_model
 from isoprobe.analysis.study import Study
 from isoprobe.metrics import metrics_where
 
 #: fewer candidates than this make no selection task
 MIN_CANDIDATES = 3
-SUMMARY_COLUMNS = ("selection", "probe", "metric", "layer", "tasks", "spearman", "top1")
+SUMMARY_COLUMNS = (
+    "selection",
+    "probe",
+    "metric",
+    "layer",
+    "tasks",
+    "spearman",
+    "top1",
+    "constant_within_model",
+)
+#: the baseline that knows only how each model did on the other data sets
+BEST_ELSEWHERE = "best model elsewhere"
 
 
 def _rank_agreement(
@@ -104,6 +121,8 @@ def _summarise(agreement: pd.DataFrame, selection: str, random: bool = True) -> 
         }
         summary = pd.concat([summary, pd.DataFrame([expected])], ignore_index=True)
     summary.insert(0, "selection", selection)
+    if "constant_within_model" not in summary:
+        summary["constant_within_model"] = False
     return summary[list(SUMMARY_COLUMNS)]
 
 
@@ -122,12 +141,38 @@ def models_on_a_data_set(study: Study, forecast: str) -> pd.DataFrame:
     error = runs.loc[members, forecast]
     task = runs.loc[members, "dataset"].astype(str)
     selection = f"models on a data set, by {forecast}"
-    parts = [_summarise(_rank_agreement(geometry.loc[members], error, task, True), selection)]
+    found = _summarise(_rank_agreement(geometry.loc[members], error, task, True), selection)
+    flags = constant_within_model(geometry.loc[members], runs.loc[members, "model"].astype(str))
+    keys = list(zip(found["probe"], found["metric"], found["layer"], strict=True))
+    found["constant_within_model"] = [bool(flags.get(key, False)) for key in keys]
+    parts = [found]
+    elsewhere = _best_model_elsewhere(runs.loc[members, "model"].astype(str), error, task)
+    if elsewhere is not None:
+        baseline = _rank_agreement(elsewhere, error, task, learn_direction=False)
+        parts.append(_summarise(baseline, selection, random=False))
     validation = _validation_at(study, forecast, members)
     if validation is not None:
         baseline = _rank_agreement(validation, error, task, learn_direction=False)
         parts.append(_summarise(baseline, selection, random=False))
     return _ordered(pd.concat(parts, ignore_index=True))
+
+
+def _best_model_elsewhere(
+    models: pd.Series, error: pd.Series, task: pd.Series
+) -> pd.DataFrame | None:
+    """Per candidate: its model's mean error rank (0 best, 1 worst, among each task's
+    candidates) over the tasks other than its own; NaN where its model ran on no other task.
+    Lower is predicted better. None where no candidate has a value."""
+    placed = error.groupby(task).rank(pct=True)
+    values = pd.Series(np.nan, index=error.index)
+    for name in task.unique():
+        others = task != name
+        mean_rank = placed[others].groupby(models[others]).mean()
+        here = task.index[task == name]
+        values.loc[here] = models.loc[here].map(mean_rank).to_numpy(dtype=float)
+    if values.isna().all():
+        return None
+    return pd.DataFrame({("baseline", BEST_ELSEWHERE, ""): values})
 
 
 def _ordered(summary: pd.DataFrame) -> pd.DataFrame:

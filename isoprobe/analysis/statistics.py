@@ -28,9 +28,12 @@ constant in one resample in eight).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 from scipy import stats
+from scipy.special import gammaln
 
 #: fewer runs than this in a group give no statistics (a rank correlation of 3 points takes
 #: only the values ±1 and ±0.5)
@@ -210,3 +213,71 @@ def q_values(p: np.ndarray) -> np.ndarray:
     if finite.any():
         q[finite] = stats.false_discovery_control(p[finite], method="bh")
     return q
+
+
+class Stratified(NamedTuple):
+    """Per test of :func:`stratified_spearman`: the combined ρ, its p, the runs of the strata
+    that counted, and ``log Π n_s!`` over them (the pairings its permutations draw from)."""
+
+    spearman: np.ndarray
+    p_value: np.ndarray
+    n: np.ndarray
+    log_pairings: np.ndarray
+
+
+def stratified_spearman(
+    x: np.ndarray, y: np.ndarray, strata: np.ndarray, n_perm: int = 1000, seed: int = 0
+) -> Stratified:
+    """Spearman's ρ inside each stratum (a model, a data set, a run) of ``x`` [runs, tests]
+    against ``y`` [runs] (``strata`` [runs] labels), combined as the mean weighted by the
+    stratum's runs n_s (van Elteren's idea for rank tests), over the strata where the test has
+    at least :data:`MIN_RUNS` complete runs and neither side is constant; p from ``n_perm``
+    permutations of ``y`` inside each stratum (two-sided, (1 + hits) / (1 + n_perm)); NaN where
+    no stratum counts. Pooling runs of different models in one ρ mixes the between-model
+    difference (one model is both more isotropic and better) with the within-model association;
+    the stratified ρ keeps only the latter."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    strata = np.asarray(strata)
+    tests = x.shape[1]
+    rng = np.random.default_rng(seed)
+    numerator, weight, log_pairings = np.zeros(tests), np.zeros(tests), np.zeros(tests)
+    permuted = np.zeros((n_perm, tests))
+    for stratum in pd.unique(strata):
+        rows = (strata == stratum) & np.isfinite(y)
+        xs, ys = x[rows], y[rows]
+        n = len(ys)
+        usable = np.isfinite(xs).all(axis=0) & (n >= MIN_RUNS)
+        if not usable.any():
+            continue
+        rx = _standard(stats.rankdata(xs[:, usable], axis=0))
+        ry = _standard(stats.rankdata(ys)[:, None])[:, 0]
+        defined = np.isfinite(rx).all(axis=0) & bool(np.isfinite(ry).all())
+        columns = np.flatnonzero(usable)[defined]
+        if not len(columns):
+            continue
+        rx = rx[:, defined]
+        numerator[columns] += rx.T @ ry
+        weight[columns] += n
+        log_pairings[columns] += gammaln(n + 1.0)
+        if n_perm:
+            shuffled = ry[np.argsort(rng.random((n_perm, n)), axis=1)]
+            permuted[:, columns] += shuffled @ rx
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(weight > 0, numerator / weight, np.nan)
+        null = permuted / weight
+    hits = (np.abs(null) >= np.abs(rho) - 1e-12).sum(axis=0)
+    p = (
+        np.where(weight > 0, (1 + hits) / (1 + n_perm), np.nan)
+        if n_perm
+        else np.full(tests, np.nan)
+    )
+    return Stratified(rho, p, weight.astype(int), log_pairings)
+
+
+def _standard(ranks: np.ndarray) -> np.ndarray:
+    """Columns centred and scaled so that the mean product of two is their Pearson ρ (NaN for
+    a constant column)."""
+    centred = ranks - ranks.mean(axis=0)
+    scale = np.sqrt((centred * centred).mean(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(scale > 0, centred / scale, np.nan)

@@ -1,19 +1,20 @@
 """Associations that do not mix levels, and the exploration/confirmation split of
 ``task=analyze``.
 
-- :func:`stratified_spearman`: Spearman's ρ inside each stratum (a model, a data set, a run),
-  combined as the mean weighted by the stratum's runs (van Elteren's idea for rank tests), with a
-  permutation p-value that permutes the forecast inside each stratum only. Pooling runs of
-  different models in one ρ mixes the between-model difference (one model is both more
-  isotropic and better) with the within-model association the question is about; the
-  stratified ρ keeps only the latter.
-- :func:`stratified_associations`: that test for every geometry column of the across-run
-  table, by ``model`` and by ``dataset``, beside the pooled figure of
-  :func:`~isoprobe.analysis.correlations.correlations`.
+- :func:`stratified_associations`: the within-stratum Spearman ρ
+  (:func:`~isoprobe.analysis.statistics.stratified_spearman`) of every architecture-free
+  geometry column (``embed``, the ``first``, ``middle`` and ``last`` block, the ``mean`` over
+  blocks: strata of several models compare layers by depth) against every forecast metric,
+  stratified by ``model`` and by ``dataset``. The rule of independence holds across strata: a
+  measure of the weights alone over runs that share weights in any two strata is undefined
+  (:mod:`.independence`). Families as in :mod:`.family`: repeats are counted once, a test whose
+  strata are too small to reach the level is descriptive.
 - :func:`confirm_findings`: the runs whose data set or seed ``analyze.confirm`` names are held
-  out; the exploration runs' table lists what they found (q < 0.05), each finding is tested
-  once on the held-out runs, and it *holds* where the held-out ρ has the exploration's sign and
-  a Benjamini–Hochberg q < 0.05 over the findings.
+  out; the exploration runs' findings (q < 0.05 in the question or the scan) are each tested
+  once on the held-out runs, and one *holds* where the held-out ρ has the exploration's sign and
+  a Benjamini–Hochberg q < 0.05 over the findings tested. A finding the held-out runs cannot
+  test (too few of them in its group, a constant side, shared weights) is kept as untested,
+  with the reason.
 """
 
 from __future__ import annotations
@@ -23,109 +24,83 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
-from isoprobe.analysis.correlations import PAIRED_PROBE, correlations, geometry_at
-from isoprobe.analysis.statistics import MIN_RUNS, associate, q_values
+from isoprobe.analysis.correlations import (
+    ACROSS_MODELS,
+    PAIRED_PROBE,
+    correlations,
+    forecast_order,
+    geometry_at,
+    groups,
+)
+from isoprobe.analysis.family import (
+    ALPHA,
+    Question,
+    assign_families,
+    findings,
+    log_pairings_of,
+    sameness_key,
+    smallest_p,
+)
+from isoprobe.analysis.independence import SHARED_WEIGHTS, shared_weight_tests
+from isoprobe.analysis.statistics import MIN_RUNS, associate, q_values, stratified_spearman
 from isoprobe.analysis.study import AnalysisError, Study
 
-#: the significance level of findings and of their confirmation
-ALPHA = 0.05
-
-
-def stratified_spearman(
-    x: np.ndarray, y: np.ndarray, strata: np.ndarray, n_perm: int = 1000, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(ρ, p, n) per column of ``x`` [runs, tests] against ``y`` [runs]: the within-stratum
-    Spearman ρ (``strata`` [runs] labels) averaged with weights n_s, over the strata where the
-    test has at least :data:`MIN_RUNS` complete runs and neither side is constant; p from
-    ``n_perm`` permutations of ``y`` inside each stratum (two-sided, (1 + hits) / (1 + n_perm));
-    NaN where no stratum counts."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    strata = np.asarray(strata)
-    tests = x.shape[1]
-    rng = np.random.default_rng(seed)
-    numerator, weight = np.zeros(tests), np.zeros(tests)
-    permuted = np.zeros((n_perm, tests))
-    for stratum in pd.unique(strata):
-        rows = (strata == stratum) & np.isfinite(y)
-        xs, ys = x[rows], y[rows]
-        n = len(ys)
-        usable = np.isfinite(xs).all(axis=0) & (n >= MIN_RUNS)
-        if not usable.any():
-            continue
-        rx = _standard(stats.rankdata(xs[:, usable], axis=0))
-        ry = _standard(stats.rankdata(ys)[:, None])[:, 0]
-        defined = np.isfinite(rx).all(axis=0) & bool(np.isfinite(ry).all())
-        columns = np.flatnonzero(usable)[defined]
-        if not len(columns):
-            continue
-        rx = rx[:, defined]
-        numerator[columns] += rx.T @ ry
-        weight[columns] += n
-        if n_perm:
-            shuffled = ry[np.argsort(rng.random((n_perm, n)), axis=1)]
-            permuted[:, columns] += shuffled @ rx
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rho = np.where(weight > 0, numerator / weight, np.nan)
-        null = permuted / weight
-    hits = (np.abs(null) >= np.abs(rho) - 1e-12).sum(axis=0)
-    p = (
-        np.where(weight > 0, (1 + hits) / (1 + n_perm), np.nan)
-        if n_perm
-        else np.full(tests, np.nan)
-    )
-    return rho, p, weight.astype(int)
-
-
-def _standard(ranks: np.ndarray) -> np.ndarray:
-    """Columns centred and scaled so that the mean product of two is their Pearson ρ (NaN for
-    a constant column)."""
-    centred = ranks - ranks.mean(axis=0)
-    scale = np.sqrt((centred * centred).mean(axis=0))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(scale > 0, centred / scale, np.nan)
+#: strata a stratified test can be taken in
+STRATA = ("model", "dataset")
+#: why a stratified test has no answer: no stratum of enough runs with both sides varying
+NO_STRATUM = f"no stratum of {MIN_RUNS} runs that vary"
 
 
 def stratified_associations(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Every geometry column against every forecast metric, stratified by ``model`` and by
-    ``dataset`` (columns ``probe, metric, layer, forecast_metric, stratified_by, n, spearman,
-    p_value, q_value``; q over the table)."""
+    """Every architecture-free geometry column against every forecast metric, stratified by
+    ``model`` and by ``dataset`` (columns ``probe, metric, layer, forecast_metric,
+    stratified_by, n, spearman, p_value, q_value, family, repeats, undefined``; q over the
+    table's exploratory tests)."""
     runs = study.runs.set_index("run")
-    parts = []
-    for forecast in study.forecast_metrics:
-        geometry = geometry_at(study, PAIRED_PROBE[forecast.split("_", 1)[0]])
+    parts, keys = [], []
+    for forecast in forecast_order(study.forecast_metrics):
+        when = PAIRED_PROBE[forecast.split("_", 1)[0]]
+        geometry = geometry_at(study, when)
+        geometry = geometry.loc[:, geometry.columns.get_level_values(2).isin(ACROSS_MODELS)]
         rows = [r for r in geometry.index if np.isfinite(runs.at[r, forecast])]
-        for factor in ("model", "dataset"):
-            if factor not in runs or not rows:
+        for factor in STRATA:
+            if factor not in runs or not rows or geometry.empty:
                 continue
-            rho, p, n = stratified_spearman(
-                geometry.loc[rows].to_numpy(dtype=float),
-                runs.loc[rows, forecast].to_numpy(dtype=float),
-                runs.loc[rows, factor].astype(str).to_numpy(),
-                n_perm,
-                seed,
-            )
+            x = geometry.loc[rows].to_numpy(dtype=float)
+            y = runs.loc[rows, forecast].to_numpy(dtype=float)
+            strata = runs.loc[rows, factor].astype(str).to_numpy()
+            found = stratified_spearman(x, y, strata, n_perm, seed)
             columns = geometry.columns
+            metrics = columns.get_level_values(1)
+            shared = shared_weight_tests(study, when, rows, metrics, x)
+            undefined = np.where(found.n == 0, NO_STRATUM, None).astype(object)
+            undefined[shared & (found.n > 0)] = SHARED_WEIGHTS
+            defined = pd.isna(undefined)
             parts.append(
                 pd.DataFrame(
                     {
                         "probe": columns.get_level_values(0),
-                        "metric": columns.get_level_values(1),
+                        "metric": metrics,
                         "layer": columns.get_level_values(2),
                         "forecast_metric": forecast,
                         "stratified_by": factor,
-                        "n": n,
-                        "spearman": rho,
-                        "p_value": p,
+                        "n": found.n,
+                        "spearman": np.where(defined, found.spearman, np.nan),
+                        "p_value": np.where(defined, found.p_value, np.nan),
+                        "log_pairings": found.log_pairings,
+                        "undefined": undefined,
                     }
                 )
             )
+            keys += [sameness_key(rows, x[:, j], y, factor) for j in range(x.shape[1])]
     if not parts:
         return pd.DataFrame()
     table = pd.concat(parts, ignore_index=True)
-    table["q_value"] = q_values(table["p_value"].to_numpy())
-    return table
+    label = (table["forecast_metric"] + ", by " + table["stratified_by"]).tolist()
+    primary = np.zeros(len(table), dtype=bool)
+    table = assign_families(table, keys, primary, table["log_pairings"].to_numpy(), label)
+    return table.drop(columns="log_pairings")
 
 
 def split_study(study: Study, confirm: Sequence[str]) -> tuple[Study, Study]:
@@ -157,36 +132,72 @@ def _subset(study: Study, names: pd.Series) -> Study:
     )
 
 
-def _members(runs: pd.DataFrame, group: str) -> list[str]:
-    if group == "all":
-        return list(runs["run"])
-    factor, _, value = group.partition("=")
-    return list(runs.loc[runs[factor].astype(str) == value, "run"])
+#: the columns of confirmation.csv
+CONFIRMATION_COLUMNS = (
+    "probe",
+    "metric",
+    "layer",
+    "forecast_metric",
+    "group",
+    "family",
+    "explore_n",
+    "explore_spearman",
+    "explore_q",
+    "confirm_n",
+    "confirm_spearman",
+    "confirm_p",
+    "confirm_q",
+    "holds",
+    "untested",
+)
+#: why a finding was not tested on the held-out runs
+NO_HELD_OUT_GROUP = "no held-out run in its group"
+HELD_OUT_TOO_FEW = "too few held-out runs to reach the level"
+
+
+@dataclasses.dataclass(frozen=True)
+class Confirmation:
+    """The confirmation table, and what the split left: the exploration's tests in the
+    corrected families, and the groups whose held-out runs are too few to test anything."""
+
+    table: pd.DataFrame
+    explored: int
+    small_groups: list[str]
 
 
 def confirm_findings(
-    study: Study, confirm: Sequence[str], n_perm: int = 1000, seed: int = 0
-) -> pd.DataFrame:
-    """The exploration runs' findings (q < :data:`ALPHA`) each tested once on the held-out runs
-    (module docstring): one row per finding with its exploration and confirmation statistics
-    and ``holds``."""
+    study: Study,
+    confirm: Sequence[str],
+    n_perm: int = 1000,
+    seed: int = 0,
+    question: Question | None = None,
+) -> Confirmation:
+    """The exploration runs' findings (q < :data:`~.family.ALPHA` in the question or the scan)
+    each tested once on the held-out runs (module docstring): one row per finding with its
+    exploration and confirmation statistics, ``holds``, and why it was ``untested``."""
     explore, held = split_study(study, confirm)
-    found = correlations(explore, n_boot=0, n_perm=n_perm, seed=seed)
-    findings = found[found["q_value"] < ALPHA].reset_index(drop=True)
+    found = correlations(explore, n_boot=0, n_perm=n_perm, seed=seed, question=question)
+    explored = int(found["family"].isin(["primary", "exploratory"]).sum())
     runs = held.runs.set_index("run")
+    held_groups = groups(held)
     rows = []
-    for finding in findings.itertuples(index=False):
+    for finding in findings(found).itertuples(index=False):
         when = PAIRED_PROBE[finding.forecast_metric.split("_", 1)[0]]
         geometry = geometry_at(held, when)
         column = (finding.probe, finding.metric, finding.layer)
-        members = [r for r in _members(held.runs, finding.group) if r in geometry.index]
-        rho = p = np.nan
-        n = 0
-        if column in geometry.columns and members and finding.forecast_metric in runs:
+        members = [r for r in held_groups.get(finding.group, []) if r in geometry.index]
+        n, rho, p, why = 0, np.nan, np.nan, NO_HELD_OUT_GROUP
+        if members and column in geometry.columns and finding.forecast_metric in runs:
             x = geometry.loc[members, [column]].to_numpy(dtype=float)
-            y = runs.loc[members, finding.forecast_metric].to_numpy(dtype=float)[:, None]
-            result = associate(x, y, n_boot=0, n_perm=n_perm, seed=seed)
-            n, rho, p = int(result.n[0]), float(result.spearman[0]), float(result.p_value[0])
+            y = runs.loc[members, finding.forecast_metric].to_numpy(dtype=float)
+            result = associate(x, y[:, None], n_boot=0, n_perm=n_perm, seed=seed)
+            n, why = int(result.n[0]), result.undefined[0]
+            if not why and shared_weight_tests(held, when, members, [finding.metric], x)[0]:
+                why = SHARED_WEIGHTS
+            elif not why and smallest_p(log_pairings_of(n)) > ALPHA:
+                why = HELD_OUT_TOO_FEW
+            if not why:
+                rho, p = float(result.spearman[0]), float(result.p_value[0])
         rows.append(
             {
                 "probe": finding.probe,
@@ -194,31 +205,25 @@ def confirm_findings(
                 "layer": finding.layer,
                 "forecast_metric": finding.forecast_metric,
                 "group": finding.group,
+                "family": finding.family,
                 "explore_n": int(finding.n),
                 "explore_spearman": float(finding.spearman),
                 "explore_q": float(finding.q_value),
                 "confirm_n": n,
                 "confirm_spearman": rho,
                 "confirm_p": p,
+                "untested": why or None,
             }
         )
     table = pd.DataFrame(
-        rows,
-        columns=[
-            "probe",
-            "metric",
-            "layer",
-            "forecast_metric",
-            "group",
-            "explore_n",
-            "explore_spearman",
-            "explore_q",
-            "confirm_n",
-            "confirm_spearman",
-            "confirm_p",
-        ],
+        rows, columns=[c for c in CONFIRMATION_COLUMNS if c not in ("confirm_q", "holds")]
     )
     table["confirm_q"] = q_values(table["confirm_p"].to_numpy(dtype=float)) if len(table) else []
     same_sign = np.sign(table["confirm_spearman"]) == np.sign(table["explore_spearman"])
-    table["holds"] = same_sign & (table["confirm_q"] < ALPHA)
-    return table
+    table["holds"] = (same_sign & (table["confirm_q"] < ALPHA)).where(table["untested"].isna())
+    small = sorted(
+        group
+        for group, members in held_groups.items()
+        if smallest_p(log_pairings_of(len(members))) > ALPHA
+    )
+    return Confirmation(table[list(CONFIRMATION_COLUMNS)], explored, small)

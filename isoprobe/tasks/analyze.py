@@ -31,6 +31,19 @@ from isoprobe.analysis.correlations import (
     within_runs,
 )
 from isoprobe.analysis.depth import DRIFT, READOUT, drift_against_gain, geometry_against_readout
+from isoprobe.analysis.family import (
+    ALPHA,
+    CORRECTED,
+    DESCRIPTIVE,
+    EXPLORATORY,
+    PRIMARY,
+    REPEAT,
+    UNDEFINED,
+    WITHIN_MODEL,
+    Question,
+    family_counts,
+    findings,
+)
 from isoprobe.analysis.model_similarity import (
     EPOCH_KINDS,
     MIN_WINDOWS,
@@ -39,10 +52,14 @@ from isoprobe.analysis.model_similarity import (
     model_pair_matrices,
     model_similarity,
 )
-from isoprobe.analysis.report import Html, image_html, join, markup, write_report
+from isoprobe.analysis.report import Html, Section, image_html, join, markup, write_sections
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
 from isoprobe.analysis.statistics import MIN_RUNS
-from isoprobe.analysis.stratified import confirm_findings, stratified_associations
+from isoprobe.analysis.stratified import (
+    Confirmation,
+    confirm_findings,
+    stratified_associations,
+)
 from isoprobe.analysis.study import AnalysisError, Study, load_study
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
 from isoprobe.metrics import metrics_where
@@ -136,27 +153,34 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     drawn: list[tuple[Path, str]] = []
     table = pd.DataFrame(columns=list(CORRELATION_COLUMNS))
     summary = selection = pd.DataFrame()
-    forecast = None
+    forecast = question = None
     if not study.table.empty:
+        forecast = primary_forecast(study, str(options.forecast_metric))
+        note_runs_without(study, forecast)
+        question = Question(str(options.isotropy_metric), forecast)
         table = correlations(
-            study, n_boot=int(options.n_boot), n_perm=int(options.n_perm), seed=int(options.seed)
+            study,
+            n_boot=int(options.n_boot),
+            n_perm=int(options.n_perm),
+            seed=int(options.seed),
+            question=question,
         )
+        table[table["family"] == PRIMARY].to_csv(output / "primary.csv", index=False)
         within = within_runs(study)
         within.to_csv(output / "within_run.csv", index=False)
         summary = summarise_within_runs(within)
         summary.to_csv(output / "within_run_summary.csv", index=False)
-        forecast = primary_forecast(study, str(options.forecast_metric))
-        note_runs_without(study, forecast)
         drawn = _figures(study, table, forecast, str(options.isotropy_metric), output)
         found = [models_on_a_data_set(study, forecast), epochs_of_a_run(study)]
         found = [part for part in found if not part.empty]
         selection = pd.concat(found, ignore_index=True) if found else pd.DataFrame()
         selection.to_csv(output / "selection.csv", index=False)
-        written += ["correlations.csv", "within_run_summary.csv", "selection.csv"]
+        written += ["primary.csv", "correlations.csv", "within_run_summary.csv", "selection.csv"]
     table.to_csv(output / "correlations.csv", index=False)
     extra = _compared_by_forecast(study, output)
+    notes: list[str] = []
     if not study.table.empty:
-        extra.update(_depth_and_strata(study, options, output))
+        extra.update(_depth_and_strata(study, options, output, question, notes))
     moved = geometry_change(study)
     if not moved.empty:
         moved.to_csv(output / "geometry_change.csv", index=False)
@@ -175,28 +199,40 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
         extra["selection.csv"] = (
             "Label-free selection: ranking the candidates (models on a data set; a run's "
             "epochs) by each metric against their ranking by error (mean ρ and top-1 rate over "
-            "the tasks; a metric's direction is learned on the other tasks)",
+            "the tasks; a metric's direction is learned on the other tasks). A metric is worth "
+            "something only above the baseline 'best model elsewhere' (each model's rank on the "
+            "other data sets); constant_within_model: the metric only says which model a run is",
             selection,
         )
-    report = _report(study, table, summary, forecast, drawn, extra, output, models)
+    report = _report(study, table, summary, question, drawn, extra, output, notes, models)
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
+    for note in notes:
+        print(f"  {note}")
     for name in (*written, report.name):
         print(f"  {output / name}")
     return {"task": "analyze", "runs": len(study.runs), "left_out": study.left_out}
 
 
-def _depth_and_strata(study: Study, options: DictConfig, output: Path) -> dict[str, Any]:
+def _depth_and_strata(
+    study: Study,
+    options: DictConfig,
+    output: Path,
+    question: Question | None,
+    notes: list[str],
+) -> dict[str, Any]:
     """The stratified associations, geometry against readout, drift against gain and, with
     ``analyze.confirm``, the confirmation of the exploration runs' findings: each a CSV and a
-    table of the report (file name -> (caption, table))."""
+    table of the report (file name -> (caption, table)); what the confirmation found goes to
+    ``notes`` (the report and the terminal) even when there was nothing to confirm."""
     n_perm, seed = int(options.n_perm), int(options.seed)
     found: dict[str, Any] = {}
     parts = {
         "stratified.csv": (
             "Rank associations that do not mix levels: Spearman's ρ inside each model and "
-            "inside each data set, combined (weighted by runs; p by permuting within them), "
-            "beside the pooled figure of correlations.csv (the 20 lowest q)",
+            "inside each data set, combined (weighted by runs; p by permuting within them), on "
+            "the layer choices that mean the same in every model (embed, first, middle, last, "
+            "mean); q over the table's exploratory tests (the 20 lowest q)",
             stratified_associations(study, n_perm, seed),
         ),
         "geometry_readout.csv": (
@@ -210,22 +246,45 @@ def _depth_and_strata(study: Study, options: DictConfig, output: Path) -> dict[s
             drift_against_gain(study, n_perm, seed),
         ),
     }
-    confirm = options.get("confirm")
-    if confirm:
-        held = [confirm] if isinstance(confirm, str | int) else list(confirm)
-        parts["confirmation.csv"] = (
-            f"Exploration/confirmation (held out: runs of {held}): the exploration runs' "
-            "findings (q < 0.05), each tested once on the held-out runs; 'holds' = same sign "
-            "and BH q < 0.05 over the findings",
-            confirm_findings(study, held, n_perm, seed),
-        )
     for name, (caption, frame) in parts.items():
         if frame.empty:
             continue
         frame.to_csv(output / name, index=False)
         shown = frame.sort_values("q_value").head(20) if "q_value" in frame else frame
         found[name] = (caption, shown)
+    confirm = options.get("confirm")
+    if confirm:
+        held = [confirm] if isinstance(confirm, str | int) else list(confirm)
+        confirmation = confirm_findings(study, held, n_perm, seed, question)
+        confirmation.table.to_csv(output / "confirmation.csv", index=False)
+        notes.append(_confirmation_note(held, confirmation))
+        found["confirmation.csv"] = (
+            f"Exploration/confirmation (held out: runs of {held}): the exploration runs' "
+            "findings (q < 0.05 in the question or the scan), each tested once on the held-out "
+            "runs; 'holds' = same sign and BH q < 0.05 over the findings tested; 'untested' "
+            "says why the held-out runs could not test one",
+            confirmation.table,
+        )
     return found
+
+
+def _confirmation_note(held: list[Any], confirmation: Confirmation) -> str:
+    """What the exploration/confirmation split found, in one paragraph of plain text."""
+    table = confirmation.table
+    tested = table["untested"].isna()
+    text = (
+        f"Confirmation (held out: runs of {', '.join(map(str, held))}): the exploration runs "
+        f"made {confirmation.explored} corrected tests and found {len(table)}; "
+        f"{int(tested.sum())} were tested on the held-out runs and "
+        f"{int(table['holds'].eq(True).sum())} hold; {int((~tested).sum())} could not be tested "
+        "there (confirmation.csv says why)."
+    )
+    if confirmation.small_groups:
+        text += (
+            " Groups the held-out runs leave too small to reach the level: "
+            f"{', '.join(confirmation.small_groups)}."
+        )
+    return text
 
 
 def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
@@ -293,12 +352,17 @@ def _report(
     study: Study,
     table: pd.DataFrame,
     within: pd.DataFrame,
-    forecast: str | None,
+    question: Question | None,
     drawn: list[tuple[Path, str]],
     extra: dict[str, tuple[str, pd.DataFrame]],
     output: Path,
+    notes: list[str],
     models: list[Html],
 ) -> Path:
+    """The page, the question first: the opening, the declared question and its answer, the
+    figures, the exploratory scan (labelled as such), the other tables, model against model,
+    and the runs."""
+    forecast = question.forecast if question else None
     primary = (
         markup(" Primary forecast metric: <b>{forecast}</b> (lower is better).", forecast=forecast)
         if forecast
@@ -314,9 +378,29 @@ def _report(
         datasets=", ".join(sorted(study.runs["dataset"].astype(str).unique())),
         primary=primary,
     )
-    paragraphs = [opening]
-    if forecast:
-        paragraphs += _reading_correlations(study, table)
+    paragraphs: list[Html] = [opening, *_runs_not_in_the_tests(study, forecast)]
+    sections = [Section(None, paragraphs)]
+    if question is not None:
+        sections.append(_the_question(table, question))
+    if drawn:
+        sections.append(Section("Figures", (), drawn))
+    if question is not None:
+        sections.append(_the_scan(study, table, forecast))
+    further = [markup("<p class='note'>{note}</p>", note=note) for note in notes]
+    if extra or further:
+        sections.append(Section("Further tables", further, (), list(extra.values())))
+    if models:
+        sections.append(Section(None, models))
+    tables = [("Runs", study.runs)]
+    if not within.empty:
+        tables.append(("Within runs: trajectory against validation error", within))
+    sections.append(Section("Runs", (), (), tables))
+    return write_sections(output / "report.html", "isoprobe analysis", sections)
+
+
+def _runs_not_in_the_tests(study: Study, forecast: str | None) -> list[Html]:
+    """Runs without probe records, runs left out (wholly or in part), paths with no run."""
+    paragraphs = []
     if study.unprobed and forecast:
         paragraphs.append(
             markup(
@@ -335,23 +419,86 @@ def _report(
                 "<p>{n} runs left out:</p><ul>{listed}</ul>", n=len(study.left_out), listed=listed
             )
         )
-    paragraphs += _partly_left_out(study)
-    paragraphs += models
-    tables = list(extra.values())
-    if forecast:
-        answered = table[(table["forecast_metric"] == forecast) & table["q_value"].notna()]
-        top = answered.drop(columns="undefined").sort_values("q_value").head(500)
-        tables.append(
-            (
-                f"Correlations with {forecast}: the 500 lowest q-values among the tests with "
-                "an answer (all tests in correlations.csv)",
-                top,
-            )
+    return paragraphs + _partly_left_out(study)
+
+
+#: the columns of the question's table in the report
+QUESTION_COLUMNS = [
+    "group",
+    "n",
+    "spearman",
+    "spearman_lo",
+    "spearman_hi",
+    "p_value",
+    "q_value",
+    "family",
+    "undefined",
+]
+
+
+def _the_question(table: pd.DataFrame, question: Question) -> Section:
+    """The declared question, its tests and its answer (:mod:`isoprobe.analysis.family`)."""
+    asked = table[question.asks(table)]
+    combined = asked[asked["group"] == WITHIN_MODEL]
+    if combined.empty or combined["family"].iloc[0] == UNDEFINED:
+        why = combined["undefined"].iloc[0] if len(combined) else "the study lacks the metric"
+        answer = markup("<p><b>No answer within model</b>: {why}.</p>", why=why)
+    else:
+        row = combined.iloc[0]
+        verdict = (
+            "an association at the 0.05 level"
+            if row["q_value"] < ALPHA
+            else "no evidence of an association at the 0.05 level"
         )
-    tables.append(("Runs", study.runs))
-    if not within.empty:
-        tables.append(("Within runs: trajectory against validation error", within))
-    return write_report(output / "report.html", "isoprobe analysis", paragraphs, drawn, tables)
+        answer = markup(
+            "<p><b>Within model: ρ = {rho:.3f}</b> over {n} runs (p = {p:.3g}, q = {q:.3g}): "
+            "{verdict}. ρ &gt; 0: within a model, runs with a larger {metric} forecast worse."
+            "</p>",
+            rho=float(row["spearman"]),
+            n=int(row["n"]),
+            p=float(row["p_value"]),
+            q=float(row["q_value"]),
+            verdict=verdict,
+            metric=question.metric,
+        )
+    explained = markup(
+        "<p class='note'>The study's declared question, the papers' own: {asked} Its tests "
+        "were fixed before any run was read: the {metric} of the {layer} block against "
+        "{forecast}, in each model with enough runs to reach the 0.05 level, and within model "
+        "(Spearman's ρ inside each model, combined weighted by runs; p by permuting inside "
+        "each model). Their Benjamini–Hochberg q-values are taken over these {k} tests alone "
+        "(primary.csv).</p>",
+        asked=question.describe(),
+        metric=question.metric,
+        layer=question.layer,
+        forecast=question.forecast,
+        k=int((asked["family"] == PRIMARY).sum()),
+    )
+    return Section(
+        f"The question: {question.describe()}",
+        [explained, answer],
+        (),
+        [("The question's tests", asked[QUESTION_COLUMNS])],
+    )
+
+
+def _the_scan(study: Study, table: pd.DataFrame, forecast: str) -> Section:
+    """The exploratory scan: what its family holds, and its findings."""
+    scan = table[table["family"] == EXPLORATORY]
+    found = findings(scan)
+    shown = (found if len(found) else scan).drop(columns=["undefined", "repeats"])
+    shown = shown.sort_values("q_value").head(500)
+    heading = (
+        f"The scan's findings: the {len(found)} exploratory tests with q < {ALPHA}"
+        if len(found)
+        else f"No exploratory test reaches q < {ALPHA}: the 500 lowest q-values"
+    )
+    return Section(
+        "Exploration: every other metric, layer, forecast and group (hypotheses, not answers)",
+        _reading_correlations(study, table),
+        (),
+        [(f"{heading} (all tests, every forecast metric, in correlations.csv)", shown)],
+    )
 
 
 #: at most this many model pairs get a heatmap in the report (the rest: model_similarity.csv)
@@ -458,9 +605,10 @@ def _partly_left_out(study: Study) -> list[Html]:
 
 
 def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:
-    """How to read the table, how many tests it holds, and how many of them have no answer and
-    why (they are not among the findings and not in the Benjamini–Hochberg correction)."""
-    defined = table["undefined"].isna()
+    """How to read the scan, what its family holds, and the tests outside it and why (none of
+    them is in the Benjamini–Hochberg correction or among the findings)."""
+    counts = family_counts(table)
+    defined = table["family"] != UNDEFINED
     reasons = table.loc[~defined, "undefined"].value_counts()
     paragraphs = [
         markup(
@@ -468,13 +616,41 @@ def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:
             "geometry metric (measured on the weights that made the forecast) and the forecast "
             "error. ρ &gt; 0: runs with a larger value forecast worse. The interval is a 95% "
             "percentile bootstrap over runs; an interval that spans 0 does not show an "
-            "association. <b>{tested} tests</b> (metric × layer × forecast metric × group) have "
-            "an answer, so some will look significant by chance: read the Benjamini–Hochberg "
-            "<code>q_value</code> (taken over those tests), not <code>p_value</code>, and treat "
-            "a pattern found by scanning the table as a hypothesis to test on new runs.</p>",
-            tested=int(defined.sum()),
-        )
+            "association. The scan's family holds <b>{scan} tests</b> (metric × layer × "
+            "forecast metric × group), corrected together by Benjamini–Hochberg apart from the "
+            "question's {primary}: some will look significant by chance, so read "
+            "<code>q_value</code>, not <code>p_value</code>, and treat what the scan finds as a "
+            "hypothesis to test on new runs (analyze.confirm). Groups that pool several models "
+            "compare layers by depth (embed, the first, middle and last block, the mean over "
+            "blocks), never by name: a layer name means different things in different "
+            "architectures.</p>",
+            scan=counts[EXPLORATORY],
+            primary=counts[PRIMARY],
+        ),
+        markup(
+            "<p>Outside the family (column <code>family</code> of correlations.csv): "
+            "{descriptive} descriptive tests, whose runs are too few for any outcome to reach "
+            "the 0.05 level (the smallest permutation p of n runs is 2/n!, 0.083 for 4), so "
+            "they describe and are never findings; {repeats} repeats of a test already counted "
+            "(the same runs, metric values and forecast values, such as final_* where it equals "
+            "after_* or before_*; column <code>repeats</code> names the original); {undefined} "
+            "tests with no answer.</p>",
+            descriptive=counts[DESCRIPTIVE],
+            repeats=counts[REPEAT],
+            undefined=counts[UNDEFINED],
+        ),
     ]
+    small = sorted(
+        set(table.loc[table["family"] == DESCRIPTIVE, "group"].astype(str))
+        - set(table.loc[table["family"].isin(CORRECTED), "group"].astype(str))
+    )
+    if small:
+        paragraphs.append(
+            markup(
+                "<p>Groups too small to reach the level, so descriptive only: {groups}.</p>",
+                groups=", ".join(small),
+            )
+        )
     if len(reasons):
         listed = join(
             markup("<li>{reason}: {count}</li>", reason=reason, count=int(count))
@@ -482,23 +658,21 @@ def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:
         )
         paragraphs.append(
             markup(
-                "<p>{n} tests have no answer, so no p-value, no q-value and no place among the "
-                "findings (the column <code>undefined</code> of correlations.csv says which and "
-                "why). A constant metric or forecast has no rank correlation; a measure of the "
-                "weights alone is not tested across runs that share their weights, which are "
-                "not independent observations of it:</p><ul>{listed}</ul>",
-                n=int((~defined).sum()),
+                "<p>Tests with no answer have no p-value, no q-value and no place among the "
+                "findings (the column <code>undefined</code> says why). A constant metric or "
+                "forecast has no rank correlation; a measure of the weights alone is not "
+                "tested across runs that share their weights, which are one observation of it, "
+                "in any table:</p><ul>{listed}</ul>",
                 listed=listed,
             )
         )
-    small = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
-    if small:
+    tiny = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
+    if tiny:
         paragraphs.append(
             markup(
-                "<p>No ρ for groups with fewer than {min_runs} runs: {groups} (a rank "
-                "correlation of so few points can take only a handful of values).</p>",
+                "<p>No ρ for groups with fewer than {min_runs} runs: {groups}.</p>",
                 min_runs=MIN_RUNS,
-                groups=", ".join(small),
+                groups=", ".join(tiny),
             )
         )
     return paragraphs

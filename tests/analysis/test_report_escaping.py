@@ -19,7 +19,21 @@ from tests.analysis.probed_runs import (
 
 #: every element the page's own markup makes
 PAGE_TAGS = {
-    *("html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "p", "b", "code"),
+    *(
+        "html",
+        "head",
+        "meta",
+        "title",
+        "style",
+        "body",
+        "script",
+        "h1",
+        "h2",
+        "h3",
+        "p",
+        "b",
+        "code",
+    ),
     *("ul", "li", "figure", "img", "figcaption", "table", "thead", "tbody", "tr", "th", "td"),
 }
 
@@ -102,7 +116,7 @@ def test_title_heading_caption_and_paragraph_given_as_text_are_escaped(tmp_path)
     page = Page(path.read_text())
     assert {tag for tag, _ in page.elements} <= PAGE_TAGS
     assert page.text_in("title") == [IMG_PAYLOAD] and page.text_in("h1") == [IMG_PAYLOAD]
-    assert page.text_in("h2") == [IMG_PAYLOAD] and page.text_in("th") == [KEY_PAYLOAD]
+    assert page.text_in("h3") == [IMG_PAYLOAD] and page.text_in("th") == [KEY_PAYLOAD]
     assert SVG_PAYLOAD in page.text_in("p") and page.text_in("figcaption") == [SVG_PAYLOAD]
 
 

@@ -9,21 +9,22 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from isoprobe.analysis.stratified import confirm_findings, split_study, stratified_spearman
+from isoprobe.analysis.statistics import stratified_spearman
+from isoprobe.analysis.stratified import NO_HELD_OUT_GROUP, confirm_findings, split_study
 from isoprobe.analysis.study import AnalysisError, Study
 
 
 def test_one_stratum_is_spearman_and_strata_undo_simpsons_paradox():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=30), rng.normal(size=30)
-    rho, p, n = stratified_spearman(x[:, None], y, np.zeros(30), n_perm=200)
+    rho, p, n, _ = stratified_spearman(x[:, None], y, np.zeros(30), n_perm=200)
     assert rho[0] == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12) and n[0] == 30
 
     strata = np.repeat([0, 1, 2], 15)
     y = rng.normal(size=45) - 3.0 * strata
     x = (y + 0.3 * rng.normal(size=45) + 6.0 * strata)[:, None]  # up within, down between
     assert stats.spearmanr(x[:, 0], y).statistic < 0
-    rho, p, _ = stratified_spearman(x, y, strata, n_perm=500)
+    rho, p, _, _ = stratified_spearman(x, y, strata, n_perm=500)
     assert rho[0] > 0.8 and p[0] < 0.01
 
 
@@ -67,7 +68,7 @@ def _study(rng: np.random.Generator) -> Study:
 
 def test_the_confirmation_split_confirms_a_real_association_and_rejects_a_null():
     study = _study(np.random.default_rng(1))
-    found = confirm_findings(study, ["C"], n_perm=2000, seed=0)
+    found = confirm_findings(study, ["C"], n_perm=2000, seed=0).table
     pooled = found[found["group"].isin(["all", "model=m1", "model=m2"])]
     real = pooled[pooled["metric"] == "cos_inter"]
     null = found[found["metric"] == "isoscore"]
@@ -75,7 +76,8 @@ def test_the_confirmation_split_confirms_a_real_association_and_rejects_a_null()
     assert set(null["group"]) >= {"all", "model=m1", "model=m2"} and not null["holds"].any()
     # a data set held out has no runs in the groups of the other data sets: nothing to confirm
     others = found[found["group"].str.startswith("dataset=")]
-    assert len(others) and not others["holds"].any() and (others["confirm_n"] == 0).all()
+    assert len(others) and others["holds"].isna().all() and (others["confirm_n"] == 0).all()
+    assert (others["untested"] == NO_HELD_OUT_GROUP).all()
 
 
 def test_a_split_that_holds_out_no_run_or_every_run_is_refused():

@@ -16,7 +16,8 @@ import yaml
 from omegaconf import OmegaConf
 from scipy import stats
 
-from isoprobe.analysis.correlations import SHARED_WEIGHTS, correlations, weight_identity
+from isoprobe.analysis.correlations import correlations
+from isoprobe.analysis.independence import SHARED_WEIGHTS, weight_identity
 from isoprobe.analysis.statistics import (
     CONSTANT_FORECAST,
     CONSTANT_METRIC,
@@ -83,7 +84,7 @@ class _Tables(HTMLParser):
         self.heading, self.cell, self.in_heading = "", None, False
 
     def handle_starttag(self, tag, attrs):
-        if tag == "h2":
+        if tag in ("h2", "h3"):
             self.heading, self.in_heading = "", True
         elif tag == "tr":
             self.tables.setdefault(self.heading, []).append([])
@@ -91,7 +92,7 @@ class _Tables(HTMLParser):
             self.cell = ""
 
     def handle_endtag(self, tag):
-        if tag == "h2":
+        if tag in ("h2", "h3"):
             self.in_heading = False
         elif tag in ("td", "th") and self.cell is not None:
             self.tables[self.heading][-1].append(self.cell.strip())
@@ -184,7 +185,10 @@ def test_the_weights_a_probe_measured_are_named_by_run_or_by_what_was_loaded(gri
 
 
 def test_a_measure_of_the_weights_is_not_tested_across_runs_that_share_them(table):
-    weights = table[(table["metric"] == WEIGHT_METRIC) & (table["layer"] == "encoder.0")]
+    # encoder.0 inside one model; the first block where a group pools several models
+    weights = table[
+        (table["metric"] == WEIGHT_METRIC) & table["layer"].isin(["encoder.0", "first"])
+    ]
     shared = weights[weights["group"].str.startswith(("all", "model="))]
     assert len(shared) and (shared["undefined"] == SHARED_WEIGHTS).all()
     assert shared[["spearman", "p_value", "q_value"]].isna().all().all()
@@ -200,12 +204,17 @@ def test_a_constant_metric_is_undefined_everywhere(table):
     assert clusters["p_value"].isna().all()
 
 
-def test_q_values_are_benjamini_hochberg_over_the_defined_tests_alone(table):
+def test_q_values_are_benjamini_hochberg_over_the_exploratory_tests_alone(table):
     defined = table["undefined"].isna()
     assert (~defined).sum() > 0
-    expected = stats.false_discovery_control(table.loc[defined, "p_value"], method="bh")
-    np.testing.assert_allclose(table.loc[defined, "q_value"], expected)
+    scan = table["family"] == "exploratory"
+    assert scan.sum() and (scan & ~defined).sum() == 0
+    expected = stats.false_discovery_control(table.loc[scan, "p_value"], method="bh")
+    np.testing.assert_allclose(table.loc[scan, "q_value"], expected)
     assert table.loc[~defined, ["spearman", "kendall", "p_value", "q_value"]].isna().all().all()
+    # repeats and descriptive tests have statistics but no q: they are not in the correction
+    outside = table["family"].isin(["repeat", "descriptive"])
+    assert outside.sum() and table.loc[outside, "q_value"].isna().all()
 
 
 def test_the_report_lists_only_defined_tests_and_counts_the_others(grid, tmp_path):
@@ -226,8 +235,14 @@ def test_a_nan_block_leaves_its_run_out_of_the_mean_over_blocks(grid):
     hole = (study.table["run"] == study.runs["run"].iloc[0]) & (study.table["layer"] == "encoder.1")
     study.table.loc[hole & (study.table["metric"] == "isoscore"), "value"] = np.nan
     found = correlations(study, n_boot=0, n_perm=0)
-    n = found[(found["metric"] == "isoscore") & (found["group"] == "all")].set_index("layer")["n"]
-    assert (n["encoder.0"], n["encoder.1"], n["mean"]) == (30, 29, 29)
+    isoscore = found[found["metric"] == "isoscore"]
+    model = f"model={study.runs['model'].iloc[0]}"
+    n = isoscore[isoscore["group"] == model].set_index("layer")["n"]
+    assert (n["encoder.0"], n["encoder.1"], n["mean"]) == (DATASETS, DATASETS - 1, DATASETS - 1)
+    # the group of every model compares layers by depth: encoder.1 is each model's last block
+    n = isoscore[isoscore["group"] == "all"].set_index("layer")["n"]
+    assert (n["first"], n["last"], n["mean"]) == (30, 29, 29)
+    assert "encoder.0" not in n
 
 
 def test_the_permutation_p_value_counts_scipys_rho_over_the_same_pairings():
