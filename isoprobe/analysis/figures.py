@@ -20,7 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
+from isoprobe.analysis.correlations import (  # noqa: E402
+    BLOCK,
+    DEPTH_CHOICES,
+    PAIRED_PROBE,
+    geometry_at,
+)
 from isoprobe.analysis.model_similarity import ModelPair  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
 from isoprobe.metrics.rank import token_rank_epsilon  # noqa: E402
@@ -163,10 +168,11 @@ def _tick_labels(names: pd.Index) -> list[str]:
 
 
 def _layer_order(layer: str) -> tuple:
-    """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the ``last``
-    and ``mean`` choices after every layer."""
+    """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the depth
+    choices (``first``, ``middle``, ``last``, ``mean``) after every layer, in that order."""
     parts = re.split(r"(\d+)", str(layer))
-    return (layer in ("last", "mean"), [int(p) if p.isdigit() else p for p in parts])
+    choice = DEPTH_CHOICES.index(layer) if layer in DEPTH_CHOICES else -1
+    return (choice, [int(p) if p.isdigit() else p for p in parts])
 
 
 @_plain_text

@@ -32,9 +32,11 @@ from isoprobe.analysis.correlations import (
     forecast_order,
     geometry_at,
     groups,
+    within_model_test,
 )
 from isoprobe.analysis.family import (
     ALPHA,
+    WITHIN_MODEL,
     Question,
     assign_families,
     findings,
@@ -187,7 +189,13 @@ def confirm_findings(
         column = (finding.probe, finding.metric, finding.layer)
         members = [r for r in held_groups.get(finding.group, []) if r in geometry.index]
         n, rho, p, why = 0, np.nan, np.nan, NO_HELD_OUT_GROUP
-        if members and column in geometry.columns and finding.forecast_metric in runs:
+        if finding.group == WITHIN_MODEL and question is not None:
+            again = within_model_test(held, question, n_perm, seed)
+            if again is not None:
+                n, why = int(again["n"].iloc[0]), again["undefined"].iloc[0]
+                if not why:
+                    rho, p = float(again["spearman"].iloc[0]), float(again["p_value"].iloc[0])
+        elif members and column in geometry.columns and finding.forecast_metric in runs:
             x = geometry.loc[members, [column]].to_numpy(dtype=float)
             y = runs.loc[members, finding.forecast_metric].to_numpy(dtype=float)
             result = associate(x, y[:, None], n_boot=0, n_perm=n_perm, seed=seed)

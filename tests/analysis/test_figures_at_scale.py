@@ -194,8 +194,8 @@ def test_the_heatmap_orders_layers_as_the_network_does(drawn):
     _, made = drawn
     (ax, _colourbar) = made["heatmap"].axes
     layers = [t.get_text() for t in ax.get_xticklabels()]
-    blocks = [int(layer.split(".")[1]) for layer in layers[:-2]]
-    assert layers[-2:] == ["last", "mean"] and blocks == sorted(blocks) == list(range(len(blocks)))
+    # several models: layers by depth, never by a name that means another layer in another model
+    assert layers == ["first", "middle", "last", "mean"]
 
 
 def test_a_long_metric_name_leaves_the_heatmap_its_cells(tmp_path, monkeypatch):
