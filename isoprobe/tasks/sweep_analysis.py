@@ -37,7 +37,9 @@ class AnalyzeSweep(IsoprobeCallback):
 
         sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
         analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
-        analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or sweep_dir.name)
+        # the group of the sweep's runs (isoprobe.tasks.loggers.sweep_group)
+        group = OmegaConf.select(config, "logger.wandb.group", default=None) or sweep_dir.name
+        analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or group)
         # the jobs' logger settings hold ${hydra:runtime...}, which is unset once they ended:
         # the analysis needs only whether W&B was on and its project
         wandb = "wandb" in (config.get("logger") or {})
