@@ -17,7 +17,7 @@ def main(cfg: DictConfig) -> float | None:
     """Run the task. A job of a multirun goes on where an earlier run of its sweep stopped, and
     its failure does not stop the sweep (isoprobe/tasks/sweep_job.py). With ``objective=<metric>``
     (such as ``test/wql``) it returns that metric of the run's test forecast, which a search
-    sweeper (``hydra/sweeper=optuna``) optimises."""
+    sweeper (``hydra/sweeper=search``, Optuna) optimises."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

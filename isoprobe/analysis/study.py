@@ -93,6 +93,8 @@ class Study:
     unmatched: list[str] = field(default_factory=list)
     #: every run's ``compression.csv`` rows with the run's factors (empty when none)
     compression: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: left-out run -> its directory (where its files, or the job that never started, are)
+    left_out_dirs: dict[str, Path] = field(default_factory=dict)
     #: run -> its directory (where the files the table does not hold are, such as the saved
     #: window means of :mod:`isoprobe.analysis.model_similarity`)
     paths: dict[str, Path] = field(default_factory=dict)
@@ -235,6 +237,7 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     found = _find(paths)
     root = Path(_common_root([*found.runs, *found.left_out]))
     left_out = {_run_name(run, root): why for run, why in found.left_out.items()}
+    where = {_run_name(run, root): run for run in found.left_out}
     read: list[_RunFiles] = []
     paths: dict[str, Path] = {}
     for run, config in found.runs.items():
@@ -296,6 +299,7 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
         unmatched=found.unmatched,
         compression=_with_factors(compression, run_table),
         paths={f.name: paths[f.name] for f in read},
+        left_out_dirs={name: where.get(name) or paths[name] for name in left_out},
     )
 
 

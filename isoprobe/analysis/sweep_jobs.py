@@ -27,7 +27,10 @@ COUNTED_SWEEPERS = ("BasicSweeper", "GridsSweeper")
 
 def expected_jobs(sweep_dir: Path) -> list[list[str]] | None:
     """Every job of the sweep in ``sweep_dir`` (its overrides), numbered by position; None when
-    the sweep cannot be counted (module docstring)."""
+    the sweep cannot be counted (module docstring), or when the directory has no
+    ``multirun.yaml`` (a search's: Hydra's Optuna sweeper writes none)."""
+    if not (sweep_dir / SWEEP_FILE).is_file():
+        return None
     try:
         config = read_yaml(sweep_dir / SWEEP_FILE, dict)
     except UnreadableRun as err:

@@ -207,6 +207,10 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     report = _report(study, table, summary, question, drawn, extra, output, notes, models)
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
+    for run, why in study.left_out.items():
+        print(f"  left out: {study.left_out_dirs.get(run, run)}: {why}")
+    for run, why in study.partly_left_out.items():
+        print(f"  left out of some tests: {study.paths.get(run, run)}: {why}")
     for note in notes:
         print(f"  {note}")
     for name in (*written, report.name):

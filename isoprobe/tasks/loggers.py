@@ -12,6 +12,8 @@ from typing import Any
 
 import lightning as L
 import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch import Callback
@@ -84,8 +86,18 @@ class LoggersSavedWithCheckpoint(Callback):
             logger.save()
 
 
+def sweep_group() -> str | None:
+    """The W&B group of this run when none is set: in a multirun, its sweep directory's name (the
+    group of the sweep's analysis too, :mod:`isoprobe.tasks.sweep_analysis`), so that a study's
+    runs are one group; None (no group) for a single run."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(str(HydraConfig.get().sweep.dir)).name
+
+
 def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> dict[str, Logger]:
-    """Config name -> logger; W&B goes offline without a key and resumes ``resume_ids``."""
+    """Config name -> logger; W&B goes offline without a key, resumes ``resume_ids``, and groups
+    a sweep's runs (:func:`sweep_group`) unless ``group`` is set."""
     loggers: dict[str, Logger] = {}
     for name, cfg in (logger_cfg or {}).items():
         if not cfg or "_target_" not in cfg:
@@ -111,6 +123,8 @@ def build_loggers(logger_cfg: DictConfig | None, resume_ids: dict[str, Any]) -> 
                 elif not cfg.get("id"):
                     # fixed now, not when the run starts, so that checkpoints can store it
                     cfg.id = generate_id()
+                if not cfg.get("group"):
+                    cfg.group = sweep_group()
         loggers[name] = instantiate(cfg, _convert_="all")
     return loggers
 

@@ -11,9 +11,12 @@
   stopped ones resume) when it is the same sweep: the same jobs, in the same order, as the
   directory's ``multirun.yaml``. Any other sweep there is refused as a whole, before any job
   starts: its job ``i`` would run over another job's records. So is a sweep whose jobs cannot
-  be counted (another sweeper, such as a search, or another ``hydra.sweep.subdir``). A sweep
-  that resumes from a checkpoint (``ckpt_path=...``) is allowed, as resuming a single run in
-  place is.
+  be counted (another ``hydra.sweep.subdir``, or a search's directory). A sweep that resumes
+  from a checkpoint (``ckpt_path=...``) is allowed, as resuming a single run in place is.
+- A search (a sweeper that picks its jobs as it goes, such as Optuna's: ``hydra/sweeper=search``)
+  is not run again into a ``hydra.sweep.dir`` that holds a search's trials or its
+  ``optimization_results.yaml``: it would number its trials from 0 again, over the runs there,
+  and rewrite the results. Hydra's Optuna sweeper cannot go on with a search in its directory.
 
 Hydra writes a run's ``.hydra/`` and opens its ``run.log`` before the task starts, so the check
 runs in :class:`OutputGuard`, a Hydra callback (``configs/hydra/default.yaml``) whose
@@ -23,24 +26,23 @@ callback also takes the run directory's lock (:mod:`isoprobe.tasks.run_lock`) fr
 writes until the run has ended, so that a second command in a live run's directory is refused
 before its ``.hydra/`` replaces the first one's. Hydra turns an exception raised in a callback
 into a warning and goes on, so a refusal there ends the process (``SystemExit``: the message
-and exit code 1).
+and exit code 1; :mod:`isoprobe.tasks.hydra_callback`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.analysis.run_files import UnreadableRun, read_config
-from isoprobe.analysis.sweep_jobs import expected_jobs, sweep_jobs
+from isoprobe.analysis.sweep_jobs import COUNTED_SWEEPERS, expected_jobs, sweep_jobs
 from isoprobe.errors import IsoprobeError
-from isoprobe.tasks.run_lock import RunDirectoryInUse, run_directory_lock
+from isoprobe.tasks.hydra_callback import IsoprobeCallback
+from isoprobe.tasks.run_lock import run_directory_lock
 
 #: what a run writes into its directory, besides ``.hydra/config.yaml``
 RUN_RECORDS = (
@@ -52,6 +54,8 @@ RUN_RECORDS = (
     "compression.csv",
 )
 SWEEP_FILE = "multirun.yaml"
+#: where Hydra's Optuna sweeper writes a finished search's best trial
+SEARCH_RESULTS = "optimization_results.yaml"
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +126,45 @@ def check_sweep_directory(sweep_dir: Path, config: DictConfig) -> None:
     )
 
 
+def is_search(config: DictConfig) -> bool:
+    """Whether the sweeper of ``config`` picks its jobs as it goes (a search, such as Optuna's),
+    rather than expanding a grid that is known before the first job."""
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+    return not target.endswith(COUNTED_SWEEPERS)
+
+
+def started_runs(sweep_dir: Path) -> list[Path]:
+    """The run directories under ``sweep_dir`` whose run started (``.hydra/config.yaml``)."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted(config.parent.parent for config in sweep_dir.glob("**/.hydra/config.yaml"))
+
+
+def check_search_directory(sweep_dir: Path) -> None:
+    """Refuse a search into ``sweep_dir`` when a search ran there (its trials, or its
+    ``optimization_results.yaml``): it would run its trials over theirs and rewrite the
+    results."""
+    trials = started_runs(sweep_dir)
+    results = (sweep_dir / SEARCH_RESULTS).is_file()
+    if not trials and not results:
+        return
+    held = []
+    if trials:
+        listed = ", ".join(str(run.relative_to(sweep_dir)) for run in trials[:10])
+        more = f" and {len(trials) - 10} more" if len(trials) > 10 else ""
+        finished = sum((run / "summary.json").is_file() for run in trials)
+        held.append(f"{len(trials)} trial runs ({listed}{more}), {finished} of them finished")
+    if results:
+        held.append(f"{SEARCH_RESULTS}, the best trial of a finished search")
+    raise OutputRefused(
+        f"hydra.sweep.dir={sweep_dir} already holds a search: {' and '.join(held)}. A search "
+        "run again there would number its trials from 0 over those runs and rewrite "
+        f"{SEARCH_RESULTS}, and Hydra's Optuna sweeper cannot go on with a search in its "
+        "directory. Run the search into a new directory (leave hydra.sweep.dir at its default, "
+        f"or set another one), or delete {sweep_dir} to run it again from the start."
+    )
+
+
 def check_run_directory(run_dir: Path) -> None:
     """Refuse a run into ``run_dir`` when a run there finished (``summary.json``): it would
     replace that run's summary and records."""
@@ -133,7 +176,7 @@ def check_run_directory(run_dir: Path) -> None:
         )
 
 
-class OutputGuard(Callback):
+class OutputGuard(IsoprobeCallback):
     """``hydra.callbacks.output_guard``: the checks of the module docstring, before Hydra
     writes anything."""
 
@@ -142,28 +185,20 @@ class OutputGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = Path(str(config.hydra.run.dir)).expanduser().resolve()
-        with _refusal_ends_the_process():
-            if config.task.name == "analyze":
-                check_analysis_directory(run_dir)
-            elif config.get("ckpt_path") is None:
-                check_run_directory(run_dir)
-            self._held.enter_context(run_directory_lock(run_dir))
+        if config.task.name == "analyze":
+            check_analysis_directory(run_dir)
+        elif config.get("ckpt_path") is None:
+            check_run_directory(run_dir)
+        self._held.enter_context(run_directory_lock(run_dir))
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._held.close()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).expanduser().resolve()
-        with _refusal_ends_the_process():
-            if config.task.name == "analyze":
-                check_analysis_directory(sweep_dir)
-            if config.get("ckpt_path") is None:
-                check_sweep_directory(sweep_dir, config)
-
-
-@contextmanager
-def _refusal_ends_the_process() -> Iterator[None]:
-    try:
-        yield
-    except (OutputRefused, RunDirectoryInUse) as err:
-        raise SystemExit(f"Error: {err}") from None
+        if config.task.name == "analyze":
+            check_analysis_directory(sweep_dir)
+        if is_search(config):
+            check_search_directory(sweep_dir)
+        elif config.get("ckpt_path") is None:
+            check_sweep_directory(sweep_dir, config)

@@ -3,7 +3,8 @@ one ``python run.py -m experiment=<study>`` gives the report (``<sweep dir>/anal
 
 Hydra turns an exception raised in a callback into a warning and exits 0; an analysis that
 isoprobe refuses (:mod:`isoprobe.tasks.user_errors`) ends the sweep with its message and exit
-code 1 instead, so that a sweep without its report does not look like one with it."""
+code 1 instead (:mod:`isoprobe.tasks.hydra_callback`), so that a sweep without its report does
+not look like one with it."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from isoprobe.tasks.hydra_callback import IsoprobeCallback
 
 log = logging.getLogger(__name__)
 
 
-class AnalyzeSweep(Callback):
+class AnalyzeSweep(IsoprobeCallback):
     """``hydra.callbacks.analyze: {_target_: isoprobe.tasks.sweep_analysis.AnalyzeSweep}``;
     the run's ``analyze.*`` settings apply (configs/analyze/default.yaml), updated by the
     callback's arguments."""
@@ -32,11 +34,12 @@ class AnalyzeSweep(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from isoprobe.tasks.analyze import run_analyze
-        from isoprobe.tasks.user_errors import exit_on_user_error
 
         sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
         analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
-        analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or sweep_dir.name)
+        # the group of the sweep's runs (isoprobe.tasks.loggers.sweep_group)
+        group = OmegaConf.select(config, "logger.wandb.group", default=None) or sweep_dir.name
+        analyze.update(runs=[str(sweep_dir)], group=analyze.get("group") or group)
         # the jobs' logger settings hold ${hydra:runtime...}, which is unset once they ended:
         # the analysis needs only whether W&B was on and its project
         wandb = "wandb" in (config.get("logger") or {})
@@ -49,5 +52,4 @@ class AnalyzeSweep(Callback):
             }
         )
         log.info("analysing the sweep %s", sweep_dir)
-        with exit_on_user_error():
-            run_analyze(cfg)
+        run_analyze(cfg)

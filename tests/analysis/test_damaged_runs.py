@@ -255,7 +255,7 @@ def test_the_jobs_of_a_stopped_grids_sweep_that_never_started_are_left_out_by_na
     assert "model=lag_llama" in study.left_out["43"]
 
 
-def test_the_report_lists_every_run_left_out_and_why(tmp_path):
+def test_the_report_and_the_terminal_list_every_run_left_out_and_why(tmp_path):
     root = good_runs(tmp_path / "runs")
     (probed_run(root / "y", 3.0, 0.9) / "summary.json").write_text("{not json")
     probed_run(root / "z", 3.0, 0.9)
@@ -283,3 +283,9 @@ def test_the_report_lists_every_run_left_out_and_why(tmp_path):
     assert "1 runs left out of some tests:" in page and "before_test_nmse = inf" in page
     assert "match no run" in page and str(tmp_path / "typo") in page
     assert set(pd.read_csv(out / "study.csv")["run"]) == {*GOOD, "z"}
+    printed = done.stdout.splitlines()
+    assert "isoprobe analyze: 6 runs (1 left out)" in printed, done.stdout
+    left_out = [line for line in printed if line.startswith(f"  left out: {root / 'y'}: ")]
+    assert len(left_out) == 1 and "summary.json is not valid JSON" in left_out[0]
+    partly = f"  left out of some tests: {root / 'z'}: "
+    assert any(line.startswith(partly) and "before_test_nmse = inf" in line for line in printed)

@@ -15,7 +15,7 @@ EXPERIMENTS = sorted(
     for p in (CONFIG_DIR / "experiment").glob("*/*.yaml")
     if str(p.relative_to(CONFIG_DIR / "experiment").with_suffix("")) not in ONE_RUN_STUDIES
 )
-#: searches (hydra/sweeper=optuna) sample their params instead of sweeping a grid
+#: searches (hydra/sweeper=search, Optuna) sample their params instead of sweeping a grid
 SEARCHES = [name for name in EXPERIMENTS if name.startswith("search/")]
 STUDIES = [name for name in EXPERIMENTS if name not in SEARCHES]
 
@@ -44,7 +44,7 @@ def test_every_bound_and_choice_of_a_search_composes_and_it_has_an_objective(tmp
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep
 
     cfg = compose_config(tmp_path, [f"experiment={search}"])
-    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper") and cfg.objective
+    assert cfg.hydra.sweeper._target_.endswith("SearchSweeper") and cfg.objective
     assert cfg.hydra.callbacks.analyze._target_ == "isoprobe.tasks.sweep_analysis.AnalyzeSweep"
     parser = OverridesParser.create()
     params = parser.parse_overrides([f"{k}={v}" for k, v in cfg.hydra.sweeper.params.items()])

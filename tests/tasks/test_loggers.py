@@ -6,10 +6,13 @@ import lightning as L
 import pandas as pd
 import pytest
 import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
-from omegaconf import OmegaConf
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import OmegaConf, read_write
 
 from isoprobe.tasks.loggers import (
     AppendingCSVLogger,
@@ -17,6 +20,8 @@ from isoprobe.tasks.loggers import (
     build_loggers,
     wandb_goes_offline,
 )
+from isoprobe.tasks.sweep_analysis import AnalyzeSweep
+from tests.conftest import compose_config
 
 SELF_HOSTED = "https://wandb.mylab.example"
 
@@ -170,3 +175,55 @@ def test_each_checkpoint_is_written_after_the_csv_rows_logged_before_it(tmp_path
         assert on_disk_at_save[0] == {0} and on_disk_at_save[-1] == {0, 1}
     else:
         assert on_disk_at_save[0] == set()
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """W&B offline; the Hydra config these tests set is unset after them."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    yield
+    HydraConfig.instance().cfg = None
+
+
+def as_multirun(cfg) -> None:
+    """``cfg`` as a job of a multirun sees it."""
+    with read_write(cfg.hydra):
+        cfg.hydra.mode = RunMode.MULTIRUN
+
+
+def wandb_logger_of(cfg) -> WandbLogger:
+    """The W&B logger a run of ``cfg`` builds (the run's Hydra config set as Hydra sets it)."""
+    HydraConfig().set_config(cfg)
+    return build_loggers(cfg.logger, {})["wandb"]
+
+
+@pytest.mark.parametrize("task", ["finetune", "probe"])
+def test_a_sweeps_runs_are_one_wandb_group_named_after_the_sweep(tmp_path, offline, task):
+    sweep = tmp_path / "multiruns" / "2026-11-28_09-30-00"
+    cfg = compose_config(tmp_path, [f"task={task}", "logger=wandb", f"hydra.sweep.dir={sweep}"])
+    as_multirun(cfg)
+    init = wandb_logger_of(cfg)._wandb_init
+    assert init["group"] == "2026-11-28_09-30-00" and init["job_type"] == task
+
+
+def test_a_single_run_has_no_wandb_group_and_a_set_group_is_kept(tmp_path, offline):
+    cfg = compose_config(tmp_path, ["task=finetune", "logger=wandb"])
+    assert cfg.hydra.mode in (None, RunMode.RUN)
+    assert wandb_logger_of(cfg)._wandb_init.get("group") is None
+    cfg = compose_config(tmp_path, ["logger=wandb", "logger.wandb.group=mine"])
+    as_multirun(cfg)
+    assert wandb_logger_of(cfg)._wandb_init["group"] == "mine"
+
+
+def test_a_sweeps_analysis_is_in_the_group_of_its_runs(tmp_path, offline, monkeypatch):
+    import isoprobe.tasks.analyze
+
+    sweep = tmp_path / "multiruns" / "2026-11-28_09-30-00"
+    analysed = []
+    monkeypatch.setattr(isoprobe.tasks.analyze, "run_analyze", analysed.append)
+    for group in ([], ["logger.wandb.group=mine"]):
+        cfg = compose_config(tmp_path, ["logger=wandb", *group, f"hydra.sweep.dir={sweep}"])
+        as_multirun(cfg)
+        runs_group = wandb_logger_of(cfg)._wandb_init["group"]
+        AnalyzeSweep().on_multirun_end(config=cfg)
+        assert analysed.pop().analyze.group == runs_group

@@ -1,7 +1,8 @@
 """Sweeps beyond one process (issue 32): a sweep that is run again goes on where it stopped, a
 failed job does not stop the others, submitit's local launcher gives the basic launcher's runs,
 the SLURM launcher's sbatch script asks for what the trainer uses, torchrun equals one process,
-and an Optuna search finds its best trial."""
+and an Optuna search finds its best trial, is not run again over its directory, and says why
+when every trial failed."""
 
 from __future__ import annotations
 
@@ -202,14 +203,15 @@ def test_torchrun_with_two_cpu_processes_equals_one_process(tmp_path):
     pd.testing.assert_frame_equal(one_table, two_table, rtol=1e-9, atol=1e-12)
 
 
-def test_an_optuna_search_finds_its_best_trial(tmp_path):
+SEARCH = ["-m", "experiment=search/lora", *BOLT, "model.checkpoint=scratch"]
+SEARCH += ["model.allow_random_weights=true", "data.max_train_windows=32", "trainer.max_epochs=1"]
+SEARCH += ["~hydra.callbacks.analyze"]
+
+
+def test_an_optuna_search_finds_its_best_trial_and_is_not_run_again_over_it(tmp_path):
     sweep = tmp_path / "search"
-    done = run_py(
-        "-m", "experiment=search/lora", *BOLT, "model.checkpoint=scratch",
-        "model.allow_random_weights=true", "data.max_train_windows=32",
-        "trainer.max_epochs=1", "hydra.sweeper.n_trials=4", "~hydra.callbacks.analyze",
-        f"hydra.sweep.dir={sweep}", cwd=tmp_path,
-    )  # fmt: skip
+    command = [*SEARCH, "hydra.sweeper.n_trials=4", f"hydra.sweep.dir={sweep}"]
+    done = run_py(*command, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = {}
     for job in sorted(p for p in sweep.iterdir() if p.name.isdigit()):
@@ -222,3 +224,26 @@ def test_an_optuna_search_finds_its_best_trial(tmp_path):
     assert best["best_value"] == pytest.approx(wql, rel=1e-12)
     assert {f"{k}={v}" for k, v in best["best_params"].items()} <= set(overrides)
     assert len(load_study([str(sweep)]).runs) == 4
+    written = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+
+    again = run_py(*command, cwd=tmp_path)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert f"hydra.sweep.dir={sweep} already holds a search: 4 trial runs (0, 1, 2, 3)" in (
+        again.stderr
+    )
+    assert "Run the search into a new directory" in again.stderr
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == written
+
+
+def test_a_search_whose_every_trial_failed_names_each_trials_error(tmp_path):
+    sweep = tmp_path / "search"
+    done = run_py(
+        *SEARCH, "data.dataset=nosuch", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "No trials are completed yet" not in done.stderr
+    assert f"Every trial of the search {sweep} failed, so it has no best trial" in done.stderr
+    for trial in ("0", "1"):
+        assert f"trial {trial}: UnknownDatasetError: unknown data set 'nosuch'" in done.stderr
+    assert not (sweep / "optimization_results.yaml").exists()
