@@ -127,7 +127,7 @@ class ConfigSchema:
 
     model: str
     keys: tuple[Key, ...]
-    parameters: Callable[[Mapping[str, Any]], int]
+    parameters: Callable[[Mapping[str, Any]], float]
     multiples: tuple[tuple[str, str | int], ...] = ()
     model_types: tuple[str, ...] = ()
 
@@ -179,7 +179,8 @@ def check_config(config: Mapping[str, Any], schema: ConfigSchema, source: str) -
 def check_fits_memory(config: Mapping[str, Any], schema: ConfigSchema, source: str) -> None:
     """Refuse a model whose float32 parameters alone would exceed the available memory,
     naming the estimate and the size keys it comes from, before anything is allocated."""
-    needed = schema.parameters(config) * PARAMETER_BYTES
+    # in float, capped: a count past float's range (a 400-digit width) still prints
+    needed = float(min(schema.parameters(config), 1e300)) * PARAMETER_BYTES
     available = psutil.virtual_memory().available
     if needed > available:
         sizes = ", ".join(
