@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.checkpoints import CheckpointError, read_json_config
 
 GIB = 2**30
 #: bytes per parameter: every loader builds its model in float32
@@ -119,8 +120,9 @@ def fraction(name: str, required: bool = False) -> Key:
 class ConfigSchema:
     """What a model's config.json must hold (module docstring).
 
-    ``model`` names it in messages; ``model_types``, when given, are the ``model_type`` values
-    it checks (a config of another type is left to the loader, which names what it is instead);
+    ``model`` names it in messages; ``model_types`` and ``architectures``, when given, are the
+    ``model_type`` and ``architectures`` values it checks (a config of another model is left to
+    the loader, which names what it is instead);
     ``multiples`` are pairs (key, divisor key or number) the architecture needs divisible, a
     pair with an absent key skipped; ``parameters`` estimates the parameter count from a config
     whose keys passed."""
@@ -130,6 +132,16 @@ class ConfigSchema:
     parameters: Callable[[Mapping[str, Any]], float]
     multiples: tuple[tuple[str, str | int], ...] = ()
     model_types: tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()
+
+    def describes(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` is of this schema's model (by ``model_type`` and architecture)."""
+        if self.model_types and config.get("model_type") not in self.model_types:
+            return False
+        named = config.get("architectures")
+        if self.architectures and isinstance(named, list) and named:
+            return any(name in self.architectures for name in named)
+        return True
 
 
 _ABSENT = object()
@@ -148,7 +160,7 @@ def lookup(config: Mapping[str, Any], name: str, default: Any = _ABSENT) -> Any:
 def check_config(config: Mapping[str, Any], schema: ConfigSchema, source: str) -> None:
     """Refuse ``config`` (read from ``source``, a config.json or the settings it came from)
     unless every key of ``schema`` fits and the model it describes fits in memory."""
-    if schema.model_types and config.get("model_type") not in schema.model_types:
+    if not schema.describes(config):
         return
     problems = []
     for key in schema.keys:
@@ -193,3 +205,16 @@ def check_fits_memory(config: Mapping[str, Any], schema: ConfigSchema, source: s
             f"parameters ({needed / GIB:.3g} GiB in float32), more than the {available / GIB:.1f} "
             f"GiB of memory available ({sizes}). {FIX}"
         )
+
+
+def check_pretrained_config(source: str, schema: ConfigSchema) -> None:
+    """Check the config.json of a Hugging Face checkpoint (a local directory, or a hub id's
+    cached or downloaded file) against ``schema``, before transformers reads it."""
+    from transformers.utils import cached_file
+
+    try:
+        path = cached_file(source, "config.json", _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        return  # transformers' own reading names what is wrong (pretrained_config)
+    if path is not None:
+        check_config(read_json_config(Path(path)), schema, f"{source}/config.json")

@@ -32,13 +32,65 @@ def visionts_export(tmp_path: Path) -> Path:
     return target
 
 
+def bundled(name: str):
+    return lambda tmp_path: copy_bundled(tmp_path, name)
+
+
 #: model -> how to make its checkpoint directory in tmp_path
 CHECKPOINTS = {
-    "time_moe": lambda tmp_path: copy_bundled(tmp_path, "time-moe-mini"),
+    "chronos": bundled("chronos-t5-mini"),
+    "chronos_bolt": bundled("chronos-bolt-mini"),
+    "chronos2": bundled("chronos-2-mini"),
+    "llm": bundled("llm-gpt2-mini"),
+    "patchtst": bundled("patchtst-mini"),
+    "time_moe": bundled("time-moe-mini"),
+    "timesfm": bundled("timesfm-mini"),
     "visionts": visionts_export,
 }
+#: the data's lengths a model's checkpoint is built for, where it fixes them
+LENGTHS = {"patchtst": (512, 64)}
 #: model -> (key, bad value): one value at a time in its own config.json
 BAD_VALUES = {
+    "chronos": [
+        ("d_model", "64"),
+        ("d_model", 64.0),
+        ("num_heads", 0),
+        ("d_ff", -1),
+        ("d_model", 1_000_000_000),
+        ("num_layers", 100_000_000),
+        ("layer_norm_epsilon", math.nan),
+        ("vocab_size", ABSENT),
+    ],
+    "chronos_bolt": [
+        ("d_model", True),
+        ("chronos_config.prediction_length", 1_000_000_000),
+        ("chronos_config.input_patch_size", 0),
+        ("dropout_rate", math.inf),
+        ("num_layers", ABSENT),
+    ],
+    "chronos2": [
+        ("d_kv", "32"),
+        ("chronos_config.output_patch_size", -1),
+        ("num_layers", 100_000_000),
+        ("d_model", 1_000_000_000),
+        ("d_ff", ABSENT),
+    ],
+    "llm": [
+        ("n_embd", "64"),
+        ("n_head", 0),
+        ("n_layer", 100_000_000),
+        ("n_embd", 1_000_000_000),
+        ("layer_norm_epsilon", math.nan),
+        ("n_positions", ABSENT),
+    ],
+    "patchtst": [
+        ("d_model", "32"),
+        ("num_attention_heads", 0),
+        ("ffn_dim", 1_000_000_000),
+        ("num_hidden_layers", 100_000_000),
+        ("norm_eps", math.nan),
+        ("patch_length", ABSENT),
+    ],
     "time_moe": [
         ("hidden_size", "64"),
         ("hidden_size", 64.0),
@@ -51,6 +103,14 @@ BAD_VALUES = {
         ("rope_theta", math.nan),
         ("rms_norm_eps", math.inf),
         ("num_experts", ABSENT),
+    ],
+    "timesfm": [
+        ("hidden_size", 128.0),
+        ("head_dim", 0),
+        ("num_hidden_layers", 100_000_000),
+        ("intermediate_size", 1_000_000_000),
+        ("rms_norm_eps", math.inf),
+        ("patch_length", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),
@@ -95,7 +155,7 @@ def test_one_bad_config_value_is_refused_naming_the_key(tmp_path, model, key, va
     config_file.write_text(json.dumps(with_value(json.loads(config_file.read_text()), key, value)))
     before, start = peak_rss_bytes(), time.monotonic()
     with pytest.raises(CheckpointError) as refused:
-        build(tmp_path, model, f"model.checkpoint={target}")
+        build(tmp_path, model, f"model.checkpoint={target}", lengths=LENGTHS.get(model, (32, 8)))
     assert time.monotonic() - start < ALLOWED_SECONDS
     assert peak_rss_bytes() - before < ALLOWED_GROWTH_BYTES
     assert is_own_error(refused.value)
@@ -106,7 +166,8 @@ def test_one_bad_config_value_is_refused_naming_the_key(tmp_path, model, key, va
 @pytest.mark.parametrize("model", sorted(CHECKPOINTS))
 def test_the_models_own_config_still_loads(tmp_path, model):
     target = CHECKPOINTS[model](tmp_path)
-    assert build(tmp_path, model, f"model.checkpoint={target}") is not None
+    lengths = LENGTHS.get(model, (32, 8))
+    assert build(tmp_path, model, f"model.checkpoint={target}", lengths=lengths) is not None
 
 
 SCHEMA = ConfigSchema(
