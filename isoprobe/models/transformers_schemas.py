@@ -55,26 +55,34 @@ CHRONOS_T5 = ConfigSchema(
 )
 
 
+def _chronos(config: Mapping[str, Any], key: str) -> int:
+    """A size in ``chronos_config`` (1 where it is absent: ``check_config_keys`` names the
+    missing keys of the whole object once transformers has read it)."""
+    chronos = config.get("chronos_config")
+    return chronos.get(key, 1) if isinstance(chronos, Mapping) else 1
+
+
 def _quantile_count(config: Mapping[str, Any]) -> int:
-    quantiles = config["chronos_config"].get("quantiles")
+    chronos = config.get("chronos_config")
+    quantiles = chronos.get("quantiles") if isinstance(chronos, Mapping) else None
     return len(quantiles) if isinstance(quantiles, list) else 1
 
 
 def _patch_blocks(config: Mapping[str, Any], outputs: int) -> int:
     """Chronos-Bolt's and Chronos-2's residual input and output blocks."""
     width, hidden = config["d_model"], config["d_ff"]
-    patch = config["chronos_config"]["input_patch_size"]
+    patch = _chronos(config, "input_patch_size")
     return (3 * patch + width) * hidden + hidden * width + (width + hidden) * (outputs + width)
 
 
 def bolt_parameters(config: Mapping[str, Any]) -> int:
-    outputs = _quantile_count(config) * config["chronos_config"]["prediction_length"]
+    outputs = _quantile_count(config) * _chronos(config, "prediction_length")
     return t5_parameters(config) + _patch_blocks(config, outputs)
 
 
 def chronos2_parameters(config: Mapping[str, Any]) -> int:
     """An encoder alone, each block with time and group attention."""
-    outputs = _quantile_count(config) * config["chronos_config"]["output_patch_size"]
+    outputs = _quantile_count(config) * _chronos(config, "output_patch_size")
     return (
         config["vocab_size"] * config["d_model"]
         + config["num_layers"] * _t5_layer(config, 2)
@@ -82,14 +90,15 @@ def chronos2_parameters(config: Mapping[str, Any]) -> int:
     )
 
 
+#: optional here: the loaders' ``check_config_keys`` names a ``chronos_config``'s missing keys
 CHRONOS_PATCHES = (
-    size("chronos_config.context_length"),
-    size("chronos_config.input_patch_size"),
-    size("chronos_config.input_patch_stride"),
+    size("chronos_config.context_length", required=False),
+    size("chronos_config.input_patch_size", required=False),
+    size("chronos_config.input_patch_stride", required=False),
 )
 CHRONOS_BOLT = ConfigSchema(
     "Chronos-Bolt",
-    (*T5_KEYS, *CHRONOS_PATCHES, size("chronos_config.prediction_length")),
+    (*T5_KEYS, *CHRONOS_PATCHES, size("chronos_config.prediction_length", required=False)),
     bolt_parameters,
     model_types=("t5",),
     architectures=("ChronosBoltModelForForecasting",),
@@ -99,8 +108,8 @@ CHRONOS_2 = ConfigSchema(
     (
         *T5_KEYS,
         *CHRONOS_PATCHES,
-        size("chronos_config.output_patch_size"),
-        size("chronos_config.max_output_patches"),
+        size("chronos_config.output_patch_size", required=False),
+        size("chronos_config.max_output_patches", required=False),
     ),
     chronos2_parameters,
     model_types=("t5",),

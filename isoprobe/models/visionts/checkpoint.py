@@ -191,9 +191,9 @@ def read_export_shape(directory: Path) -> MAEShape:
     unexpected = sorted(set(config) - {"model_type", *names})
     if config.get("model_type") != MODEL_TYPE or unexpected:
         raise CheckpointError(
-            f"{path} is not a VisionTS export: it needs model_type {MODEL_TYPE!r} and the keys "
-            f"{sorted(names)}, and has model_type {config.get('model_type')!r} and the keys "
-            f"{unexpected} besides. model=visionts loads a directory its export wrote, or a "
+            f"{path} is not a VisionTS export: it needs exactly the keys "
+            f"{sorted(['model_type', *names])} with model_type {MODEL_TYPE!r}, and has "
+            f"{sorted(config)}. model=visionts loads a directory its export wrote, or a "
             "mae_visualize_vit_*.pth file."
         )
     check_config(config, SCHEMA, str(path))
