@@ -7,16 +7,20 @@ from __future__ import annotations
 import json
 import math
 import resource
+import struct
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.config_schema import ConfigSchema, Key, check_config, size
+from isoprobe.models.totem.checkpoint import load_totem_tokenizer
 from isoprobe.tasks.user_errors import is_own_error
 from tests.models.test_checkpoint_errors import build, copy_bundled
 
+TOTEM_PICKLE = Path(__file__).parents[1] / "fixtures" / "totem" / "tiny_vqvae.pth"
 #: a value the test deletes instead of setting
 ABSENT = object()
 #: how much the peak resident memory may grow while a config is refused
@@ -220,3 +224,20 @@ def test_the_schema_names_the_key_the_value_and_what_is_expected(config, words):
 
 def test_an_optional_key_may_be_left_out():
     check_config({"width": 64, "heads": 4}, SCHEMA, "toy.json")
+
+
+@pytest.mark.parametrize("commitment", [math.nan, math.inf, -0.25])
+def test_a_totem_file_with_a_bad_commitment_cost_is_refused_naming_it(tmp_path, commitment):
+    """The fixture's pickled ``_commitment_cost`` (0.25, one BINFLOAT opcode) replaced."""
+    with zipfile.ZipFile(TOTEM_PICKLE) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    key = next(name for name in members if name.endswith("data.pkl"))
+    members[key] = members[key].replace(
+        b"G" + struct.pack(">d", 0.25), b"G" + struct.pack(">d", commitment)
+    )
+    path = tmp_path / "edited.pth"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    with pytest.raises(CheckpointError, match=rf"{path}(.|\n)*commitment_cost is"):
+        load_totem_tokenizer(path)
