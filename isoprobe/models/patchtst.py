@@ -36,6 +36,8 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.config_schema import check_pretrained_config
+from isoprobe.models.transformers_schemas import PATCHTST
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +254,7 @@ def _scratch(
 def _load(
     source: str, head: Mapping[str, str], context: int, horizon: int
 ) -> PatchTSTForPrediction:
+    check_pretrained_config(source, PATCHTST)
     config = pretrained_config(
         source,
         "model=patchtst loads PatchTSTForPrediction checkpoints (config.json + model.safetensors).",

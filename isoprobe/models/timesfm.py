@@ -41,7 +41,9 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.config_schema import check_pretrained_config
 from isoprobe.models.quantiles import register_level_weights
+from isoprobe.models.transformers_schemas import TIMESFM
 
 try:
     from transformers import TimesFmConfig, TimesFmModelForPrediction
@@ -342,6 +344,7 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> nn
         _check_patches(config, "model.sizes")
         return TimesFmModelForPrediction(config)
     source = resolved.location
+    check_pretrained_config(source, TIMESFM)
     config = pretrained_config(
         source,
         "model=timesfm loads TimesFM 2.0 checkpoints such as google/timesfm-2.0-500m-pytorch.",

@@ -178,7 +178,8 @@ def test_a_tokens_output_does_not_depend_on_how_many_tokens_share_its_expert():
     process, equals one process so)."""
     torch.manual_seed(0)
     fields = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
-    experts = SparseExperts(shape_from_fields({**fields, "num_experts": 4}, "test"))
+    routed = {"num_experts": 4, "num_experts_per_tok": 2}
+    experts = SparseExperts(shape_from_fields({**fields, **routed}, "test"))
     tokens = torch.randn(1, 600, 64)
     tokens[..., 0] = 1.0
     tokens[0, [0, 1, 2, *range(400, 440)], 0] = -1.0

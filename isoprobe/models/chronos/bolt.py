@@ -52,6 +52,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.config_schema import check_pretrained_config
 from isoprobe.models.quantiles import (
     is_evenly_spaced,
     quantiles_of_padded_heads,
@@ -62,6 +63,7 @@ from isoprobe.models.t5_attention import (
     t5_cross_attention_weights,
     t5_self_attention_weights,
 )
+from isoprobe.models.transformers_schemas import CHRONOS_BOLT
 
 try:
     from chronos.chronos_bolt import ChronosBoltConfig, ChronosBoltModelForForecasting
@@ -337,6 +339,7 @@ def _load(
         _check_bolt_config(config, "model.sizes")
         return ChronosBoltModelForForecasting(config)
     source = resolved.location
+    check_pretrained_config(source, CHRONOS_BOLT)
     config = pretrained_config(
         source,
         "model=chronos_bolt loads Chronos-Bolt checkpoints such as amazon/chronos-bolt-small.",

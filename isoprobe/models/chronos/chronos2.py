@@ -48,7 +48,9 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.config_schema import check_pretrained_config
 from isoprobe.models.quantiles import register_level_weights
+from isoprobe.models.transformers_schemas import CHRONOS_2
 
 try:
     from chronos.chronos2 import Chronos2CoreConfig, Chronos2Model
@@ -333,6 +335,7 @@ def _load(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Ch
         fields["chronos_config"] = dict(fields["chronos_config"])
         return Chronos2Model(Chronos2CoreConfig(**fields))
     source = resolved.location
+    check_pretrained_config(source, CHRONOS_2)
     config = pretrained_config(
         source, "model=chronos2 loads Chronos-2 checkpoints such as amazon/chronos-2."
     )

@@ -37,7 +37,9 @@ from isoprobe.models.checkpoints import (
 from isoprobe.models.chronos.chebyshev import chebyshev_embedding
 from isoprobe.models.chronos.t5_config import chronos_config
 from isoprobe.models.chronos.t5_sampling import sample_tokens
+from isoprobe.models.config_schema import check_pretrained_config
 from isoprobe.models.t5_attention import t5_cross_attention_weights, t5_self_attention_weights
+from isoprobe.models.transformers_schemas import CHRONOS_T5
 
 log = logging.getLogger(__name__)
 
@@ -342,6 +344,7 @@ def _load(
             chronos_fields, where
         )
     source = resolved.location
+    check_pretrained_config(source, CHRONOS_T5)
     config = pretrained_config(
         source, "model=chronos loads Chronos-T5 checkpoints such as amazon/chronos-t5-small."
     )

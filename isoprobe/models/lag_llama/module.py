@@ -42,6 +42,7 @@ from isoprobe.models.checkpoints import (
     scratch_fields,
     scratch_shape,
 )
+from isoprobe.models.config_schema import check_config
 from isoprobe.models.lag_llama.checkpoint import load_official_checkpoint
 from isoprobe.models.lag_llama.network import (
     NUM_TIME_FEATURES,
@@ -51,6 +52,7 @@ from isoprobe.models.lag_llama.network import (
     official_lags,
     window_scale,
 )
+from isoprobe.models.lag_llama.schema import SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +126,7 @@ class LagLlamaModule(ForecastModule):
 
             return load_official_checkpoint(hf_hub_download(resolved.location, "lag-llama.ckpt"))
         config = read_json_config(directory / "config.json")
-        missing = [f for f in ARCHITECTURE_FIELDS if f not in config]
-        if missing:
-            raise CheckpointError(
-                f"{directory}/config.json is not a Lag-Llama config: it lacks {missing}"
-            )
+        check_config(config, SCHEMA, str(directory / "config.json"))
         return config, read_safetensors(directory / "model.safetensors")
 
     # -- features ----------------------------------------------------------------------------

@@ -26,7 +26,9 @@ from isoprobe.models.checkpoints import (
     load_pretrained,
     pretrained_config,
 )
+from isoprobe.models.config_schema import check_pretrained_config
 from isoprobe.models.llm.serialization import CharVocabulary, Serializer, TokenMap
+from isoprobe.models.transformers_schemas import LLM_GPT2, LLM_T5
 
 ARCHITECTURES = {"gpt2": GPT2LMHeadModel, "t5": T5ForConditionalGeneration}
 HUB_IDS = {"gpt2": "openai-community/gpt2", "t5": "google-t5/t5-small"}
@@ -55,6 +57,7 @@ def load_lm(
         setattr(config, SERIALIZER_KEY, dataclasses.asdict(serializer))
         return model_class(config), vocabulary, token_map
     source = resolved.location
+    check_pretrained_config(source, LLM_T5 if arch == "t5" else LLM_GPT2)
     config = pretrained_config(
         source, "model=llm loads GPT-2 and T5 checkpoints (config.json + model.safetensors)."
     )

@@ -19,6 +19,14 @@ from isoprobe.models.checkpoints import (
     read_safetensors,
     scratch_shape,
 )
+from isoprobe.models.config_schema import (
+    ConfigSchema,
+    Key,
+    check_config,
+    fraction,
+    repeats,
+    size,
+)
 
 if TYPE_CHECKING:
     from uni2ts.model.moirai import MoiraiModule
@@ -76,6 +84,33 @@ def _fetch(source: ResolvedCheckpoint, filename: str) -> str:
     return hf_hub_download(source.location, filename)
 
 
+def parameter_count(config: Mapping[str, Any]) -> int:
+    """uni2ts' encoder (attention and a gated feed-forward 4 widths wide per layer) with the
+    input and distribution projections of every patch size (at most 12 arguments a step)."""
+    width, patches = config["d_model"], config["patch_sizes"]
+    layer = 16 * width * width + 4 * width
+    projections = len(patches) * max(patches) * width * (1 + 12)
+    return config["num_layers"] * layer + projections
+
+
+#: the ``MoiraiModule`` arguments a config.json gives (``scaling`` has uni2ts' default)
+SCHEMA = ConfigSchema(
+    model="Moirai",
+    keys=(
+        size("d_model"),
+        repeats("num_layers"),
+        Key("patch_sizes", list, low=1),
+        size("max_seq_len"),
+        fraction("attn_dropout_p", required=True),
+        fraction("dropout_p", required=True),
+        Key("scaling", bool, required=False),
+    ),
+    # uni2ts gives the encoder d_model // 64 heads of 64 channels
+    multiples=(("d_model", 64),),
+    parameters=parameter_count,
+)
+
+
 def _module_fields(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``MoiraiModule`` arguments of a checkpoint's config.json, refusing the other Moirai
     generations (2.0's quantile decoder, Moirai-MoE) by name."""
@@ -94,6 +129,7 @@ def _module_fields(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
             f"{'present' if 'distr_output' in config else 'missing'}; Moirai-MoE has d_ff). "
             "model=moirai loads checkpoints such as Salesforce/moirai-1.1-R-small."
         )
+    check_config(config, SCHEMA, f"{source}/config.json")
     fields = {name: _plain_field(source, name, value) for name, value in config.items()}
     fields["distr_output"] = distribution_output(source, config["distr_output"])
     fields["patch_sizes"] = tuple(config["patch_sizes"])

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.config_schema import (
+    ConfigSchema,
+    Key,
+    check_config,
+    positive,
+    repeats,
+    size,
+)
 
 MODEL_TYPE = "time_moe"
 #: what a config.json of another kind is told model=time_moe loads
@@ -49,16 +57,18 @@ OFFICIAL_AUTO_MAP = {
 @dataclass(frozen=True)
 class TimeMoeShape:
     """The architecture: the official ``TimeMoeConfig`` fields isoprobe builds from (defaults
-    as there, where the official config has one that the published checkpoints keep)."""
+    as there, where the official config has one that the published checkpoints keep; the
+    experts' count and the number routed per token set the layers' sizes and have none here:
+    the official default of 1 expert routed 2 per token builds nothing)."""
 
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
+    num_experts: int
+    num_experts_per_tok: int
     horizon_lengths: list[int] = field(default_factory=lambda: [1])
     num_key_value_heads: int | None = None
-    num_experts: int = 1
-    num_experts_per_tok: int = 2
     input_size: int = 1
     hidden_act: str = "silu"
     max_position_embeddings: int = 32768
@@ -83,29 +93,73 @@ class TimeMoeShape:
         return self.intermediate_size // self.num_experts_per_tok
 
 
+def parameter_count(config: Mapping[str, Any]) -> int:
+    """The parameters of the network a config builds (attention, shared and routed experts,
+    router, norms, value embedding and one head per horizon), from its keys alone."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_width = (config.get("num_key_value_heads") or heads) * (hidden // heads)
+    intermediate, experts = config["intermediate_size"], config["num_experts"]
+    expert_size = intermediate // config["num_experts_per_tok"]
+    inputs = config.get("input_size", 1)
+    layer = (
+        hidden * (2 * hidden + 2 * kv_width)
+        + 3 * hidden * intermediate
+        + experts * 3 * hidden * expert_size
+        + hidden * (experts + 1)
+        + 2 * hidden
+    )
+    heads_out = sum(config.get("horizon_lengths", [1])) * hidden * inputs
+    return config["num_hidden_layers"] * layer + 2 * inputs * hidden + heads_out + hidden
+
+
+#: the keys isoprobe reads, required where the official format has no default (module docs)
+SCHEMA = ConfigSchema(
+    model="Time-MoE",
+    keys=(
+        size("hidden_size"),
+        size("intermediate_size"),
+        repeats("num_hidden_layers"),
+        repeats("num_attention_heads"),
+        repeats("num_experts"),
+        repeats("num_experts_per_tok"),
+        repeats("num_key_value_heads", required=False, nullable=True),
+        Key("horizon_lengths", list, low=1, required=False),
+        size("input_size", required=False),
+        Key("hidden_act", str, required=False),
+        size("max_position_embeddings", required=False),
+        positive("rms_norm_eps", required=False),
+        positive("rope_theta", required=False),
+        Key("use_dense", bool, required=False),
+        Key("apply_aux_loss", bool, required=False),
+        Key("router_aux_loss_factor", float, low=0, required=False),
+    ),
+    multiples=(
+        ("hidden_size", "num_attention_heads"),
+        ("num_attention_heads", "num_key_value_heads"),
+    ),
+    parameters=parameter_count,
+)
+
+
 def shape_from_fields(fields: Mapping[str, Any], source: str) -> TimeMoeShape:
     """The :class:`TimeMoeShape` of config.json's (or ``model.sizes``') ``fields``, refusing
-    unknown or missing keys and what isoprobe does not build, each named with ``source``."""
+    unknown keys, values the :data:`SCHEMA` refuses (missing, of the wrong type, out of bounds,
+    too large for memory) and what isoprobe does not build, each named with ``source``."""
     known = {f.name for f in dataclasses.fields(TimeMoeShape)}
     unexpected = sorted(set(fields) - known - GENERIC_KEYS)
-    required = [f.name for f in dataclasses.fields(TimeMoeShape) if _required(f)]
-    missing = [name for name in required if name not in fields]
-    if unexpected or missing:
+    if unexpected:
         raise CheckpointError(
-            f"{source} has unexpected keys {unexpected} and lacks {missing}; a Time-MoE config "
-            f"has the keys {sorted(known)} (and transformers' own {sorted(GENERIC_KEYS)}). The "
-            "file was edited or belongs to another model: export the checkpoint again."
+            f"{source} has unexpected keys {unexpected}; a Time-MoE config has the keys "
+            f"{sorted(known)} (and transformers' own {sorted(GENERIC_KEYS)}). The file was "
+            "edited or belongs to another model: export the checkpoint again."
         )
     values = {k: v for k, v in fields.items() if k in known}
     if isinstance(values.get("horizon_lengths"), int):  # the official config accepts one int
         values["horizon_lengths"] = [values["horizon_lengths"]]
+    check_config(values, SCHEMA, source)
     shape = TimeMoeShape(**values)
     _check_buildable(shape, source)
     return shape
-
-
-def _required(spec: dataclasses.Field) -> bool:
-    return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
 
 
 def _check_buildable(shape: TimeMoeShape, source: str) -> None:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from isoprobe.models.allow_list_pickle import TENSOR_GLOBALS, PickledObject, allow_list_pickle
 from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.config_schema import ConfigSchema, Key, check_config, positive
 from isoprobe.models.totem.tokenizer import COMPRESSION_FACTORS, TotemConfig, TotemTokenizer
 
 #: the module the official scripts' pickles name (they run from ``forecasting/``)
@@ -83,9 +84,21 @@ def _isoprobe_names(state: dict[str, Tensor], halvings: int) -> dict[str, Tensor
     return renamed
 
 
+#: the values a TOTEM file gives as numbers rather than tensor shapes; the file's tensors are
+#: already read (the architecture's sizes are theirs), so there is nothing left to estimate
+SCHEMA = ConfigSchema(
+    model="TOTEM tokenizer",
+    keys=(Key("compression_factor", int, low=1), positive("commitment_cost")),
+    parameters=lambda _config: 0,
+)
+
+
 def _config(root: PickledObject, state: dict[str, Tensor], path: Path) -> TotemConfig:
     """The architecture from the root's ``compression_factor`` and the tensors' shapes."""
     factor = root.state.get("compression_factor")
+    quantizer = root.state["_modules"]["vq"].state
+    commitment = quantizer.get("_commitment_cost", 0.25)
+    check_config({"compression_factor": factor, "commitment_cost": commitment}, SCHEMA, str(path))
     if factor not in COMPRESSION_FACTORS:
         raise CheckpointError(
             f"{path}: compression_factor={factor!r}; isoprobe builds TOTEM tokenizers with "
@@ -98,14 +111,13 @@ def _config(root: PickledObject, state: dict[str, Tensor], path: Path) -> TotemC
     except KeyError as err:
         raise CheckpointError(f"{path} is not a TOTEM VQ-VAE: it has no {err.args[0]}") from None
     layers = {k.split("._layers.")[1].split(".")[0] for k in state if "encoder._residual" in k}
-    quantizer = root.state["_modules"]["vq"].state
     return TotemConfig(
         block_hidden_size=int(hidden),
         num_residual_layers=len(layers),
         res_hidden_size=int(residual),
         embedding_dim=int(codebook.shape[1]),
         num_embeddings=int(codebook.shape[0]),
-        commitment_cost=float(quantizer.get("_commitment_cost", 0.25)),
+        commitment_cost=float(commitment),
         compression_factor=int(factor),
     )
 

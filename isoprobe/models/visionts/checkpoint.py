@@ -24,11 +24,13 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from isoprobe.models.checkpoints import CheckpointError, read_json_config
+from isoprobe.models.config_schema import ConfigSchema, check_config, positive, repeats, size
 from isoprobe.models.pickle_globals import refused_globals
 from isoprobe.models.visionts.mae import MAEShape, expected_tensors, from_published, to_published
 from isoprobe.network import host_reachable
@@ -136,35 +138,66 @@ def check_tensors(state: Mapping[str, Tensor], shape: MAEShape, path: Path) -> N
         )
 
 
+def parameter_count(config: Mapping[str, Any]) -> float:
+    """The parameters (and fixed position embeddings) of the MAE a config describes: patch
+    embedding, encoder and decoder blocks, and the decoder's pixel head."""
+    patch, grid = config["patch_size"], config["image_size"] // config["patch_size"]
+    tokens, ratio = grid * grid + 1, config["mlp_ratio"]
+    width, decoder = config["width"], config["decoder_width"]
+
+    def blocks(depth: int, width: int) -> float:
+        return depth * (4 * width * width + 2 * ratio * width * width + 9 * width)
+
+    return (
+        (3 * patch * patch + tokens + 2) * width
+        + blocks(config["depth"], width)
+        + (width + tokens + 3) * decoder
+        + blocks(config["decoder_depth"], decoder)
+        + 3 * patch * patch * decoder
+    )
+
+
+SCHEMA = ConfigSchema(
+    model="VisionTS MAE",
+    keys=(
+        size("image_size"),
+        size("patch_size"),
+        size("width"),
+        repeats("depth"),
+        repeats("heads"),
+        size("decoder_width"),
+        repeats("decoder_depth"),
+        repeats("decoder_heads"),
+        positive("mlp_ratio"),
+    ),
+    multiples=(
+        ("image_size", "patch_size"),
+        ("width", "heads"),
+        ("decoder_width", "decoder_heads"),
+        # the 2-D sine-cosine position embedding splits the width in four
+        ("width", 4),
+        ("decoder_width", 4),
+    ),
+    parameters=parameter_count,
+)
+
+
 def read_export_shape(directory: Path) -> MAEShape:
-    """The architecture in an export's ``config.json``, read as data: exactly the keys
-    ``model_type`` and :class:`MAEShape`'s fields, numbers of the right kind."""
-    config = read_json_config(directory / EXPORT_CONFIG)
+    """The architecture in an export's ``config.json``, read as data: ``model_type`` and
+    :class:`MAEShape`'s fields and no other key, each value as :data:`SCHEMA` declares it."""
+    path = directory / EXPORT_CONFIG
+    config = read_json_config(path)
     names = [f.name for f in fields(MAEShape)]
-    known = {"model_type", *names}
-    if config.get("model_type") != MODEL_TYPE or set(config) != known:
+    unexpected = sorted(set(config) - {"model_type", *names})
+    if config.get("model_type") != MODEL_TYPE or unexpected:
         raise CheckpointError(
-            f"{directory / EXPORT_CONFIG} is not a VisionTS export: it needs exactly the keys "
-            f"{sorted(known)} with model_type {MODEL_TYPE!r}, and has {sorted(config)}. "
-            "model=visionts loads a directory its export wrote, or a mae_visualize_vit_*.pth file."
+            f"{path} is not a VisionTS export: it needs exactly the keys "
+            f"{sorted(['model_type', *names])} with model_type {MODEL_TYPE!r}, and has "
+            f"{sorted(config)}. model=visionts loads a directory its export wrote, or a "
+            "mae_visualize_vit_*.pth file."
         )
-    wrong = [name for name in names if not _number_of_its_kind(name, config[name])]
-    if wrong:
-        raise CheckpointError(
-            f"{directory / EXPORT_CONFIG}: {', '.join(wrong)} must be numbers (integers but "
-            "mlp_ratio); export the model again."
-        )
-    try:
-        return MAEShape(**{name: config[name] for name in names})
-    except ValueError as err:
-        raise CheckpointError(f"{directory / EXPORT_CONFIG}: {err}") from None
-
-
-def _number_of_its_kind(name: str, value: object) -> bool:
-    """An integer, or for ``mlp_ratio`` any number (a JSON true/false is no number here)."""
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, (int, float)) if name == "mlp_ratio" else isinstance(value, int)
+    check_config(config, SCHEMA, str(path))
+    return MAEShape(**{name: config[name] for name in names})
 
 
 def export_directory(state: Mapping[str, Tensor], shape: MAEShape, directory: str) -> None:
