@@ -327,14 +327,17 @@ def compression(rows: pd.DataFrame, path: Path) -> Path | None:
 
 #: what each epoch kind of a model pair's panels shows
 EPOCH_KIND_TITLES = {"epoch0": "before training (epoch 0)", "last": "at the last probe"}
+#: the one panel of a zero-shot pair (its two epoch kinds are the same probe)
+ZERO_SHOT_TITLE = "zero-shot (epoch 0 is the last probe)"
 
 
 @_plain_text
 def model_pair(pair: ModelPair, path: Path) -> Path | None:
     """Debiased linear CKA of every layer of ``pair.model_a`` (rows) against every layer of
-    ``pair.model_b`` (columns), one panel per epoch kind, one shared colour scale 0..1 (a
-    debiased value below 0 is drawn as 0; blank: no value)."""
-    kinds = [kind for kind in EPOCH_KIND_TITLES if kind in pair.matrices]
+    ``pair.model_b`` (columns), one panel per distinct epoch kind (one for a zero-shot pair),
+    one shared colour scale 0..1 (a debiased value below 0 is drawn as 0; blank: no value),
+    each panel's noise floor in its title."""
+    kinds = pair.distinct_kinds()
     if not kinds:
         return None
     first = pair.matrices[kinds[0]]
@@ -352,7 +355,11 @@ def model_pair(pair: ModelPair, path: Path) -> Path | None:
         ax.set_yticks(range(matrix.shape[0]), _tick_labels(matrix.index), fontsize=6)
         ax.set_xlabel(pair.model_b, fontsize=8)
         ax.set_ylabel(pair.model_a, fontsize=8)
-        ax.set_title(EPOCH_KIND_TITLES[kind], fontsize=9)
+        title = ZERO_SHOT_TITLE if pair.zero_shot else EPOCH_KIND_TITLES[kind]
+        floor = pair.floors.get(kind, float("nan"))
+        if np.isfinite(floor):
+            title += f"\nnoise floor {floor:.3f}"
+        ax.set_title(title, fontsize=9)
     which = "matched seeds" if pair.matched else "no seed shared: every run pair"
     fig.suptitle(
         f"{pair.model_a} against {pair.model_b}: debiased linear CKA on shared windows, mean "
