@@ -9,7 +9,6 @@ as they are (no mathtext: a ``$`` in a data set's name is a dollar sign)."""
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pandas as pd  # noqa: E402
 from isoprobe.analysis.correlations import BLOCK, PAIRED_PROBE, geometry_at  # noqa: E402
 from isoprobe.analysis.model_similarity import ModelPair  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
-from isoprobe.metrics.rank import token_rank_epsilon  # noqa: E402
+from isoprobe.metrics.rank import TOKEN_WIDTH, token_rank_epsilon  # noqa: E402
 
 #: at most this many lines are told apart one colour each (compression); beyond, per model
 MAX_LINES_APART = 10
@@ -162,31 +161,56 @@ def _tick_labels(names: pd.Index) -> list[str]:
     ]
 
 
-def _layer_order(layer: str) -> tuple:
-    """Layers in the order of the network: ``encoder.2`` before ``encoder.10``, the ``last``
-    and ``mean`` choices after every layer."""
-    parts = re.split(r"(\d+)", str(layer))
-    return (layer in ("last", "mean"), [int(p) if p.isdigit() else p for p in parts])
+#: the layer choices every architecture has, the columns of a heatmap pooling several models
+POOLED_LAYERS = ("embed", "last", "mean")
+
+
+def _heatmap_layers(study: Study, layers: set[str]) -> list[str]:
+    """The heatmap's columns among ``layers``: with one model, every layer in the order its
+    probe recorded them (embed first), then ``last`` and ``mean``; with several, whose layers
+    differ, only :data:`POOLED_LAYERS`."""
+    if study.runs["model"].astype(str).nunique() > 1:
+        return [layer for layer in POOLED_LAYERS if layer in layers]
+    recorded = [layer for layer in pd.unique(study.table["layer"].astype(str)) if layer in layers]
+    return recorded + [layer for layer in ("last", "mean") if layer in layers]
+
+
+def _counts(n: pd.Series) -> str:
+    """The runs behind a heatmap column: ``n=12``, or ``n=9–12`` where its cells differ."""
+    low, high = int(n.min()), int(n.max())
+    return f"n={low}" if low == high else f"n={low}–{high}"
 
 
 @_plain_text
-def heatmap(table: pd.DataFrame, forecast: str, path: Path) -> Path | None:
-    """ρ (group ``all``) over metric × layer choice for ``forecast``."""
+def heatmap(study: Study, table: pd.DataFrame, forecast: str, path: Path) -> Path | None:
+    """ρ (group ``all``) over metric × layer choice for ``forecast``, layers by depth
+    (:func:`_heatmap_layers`), each column's number of runs in its label."""
     part = table[(table["forecast_metric"] == forecast) & (table["group"] == "all")]
-    grid = part.pivot_table(index="metric", columns="layer", values="spearman", aggfunc="first")
-    grid = grid[sorted(grid.columns, key=_layer_order)]
-    if grid.empty or grid.isna().all().all():
+    part = part[part["spearman"].notna()]
+    columns = _heatmap_layers(study, set(part["layer"].astype(str)))
+    part = part[part["layer"].astype(str).isin(columns)]
+    if part.empty:
         return None
-    metrics, layers = _tick_labels(grid.index), _tick_labels(grid.columns)
+    grid = part.pivot_table(index="metric", columns="layer", values="spearman", aggfunc="first")
+    grid = grid[[layer for layer in columns if layer in grid.columns]]
+    counts = part.groupby("layer")["n"].agg(_counts)
+    metrics = _tick_labels(grid.index)
+    names = zip(_tick_labels(grid.columns), grid.columns, strict=True)
+    layers = [f"{name} ({counts[layer]})" for name, layer in names]
     margin = TICK_CHAR_WIDTH * max(map(len, metrics))  # the metric names left of the cells
     width = min(PAGE_WIDTH, 1.5 + margin + 0.4 * len(layers))  # many layers: narrower cells
     height = 1.5 + TICK_CHAR_WIDTH * max(map(len, layers)) + 0.3 * len(metrics)
-    fig, axes = _figure(1, 1, width, height)
+    fig, axes = _figure(1, 1, max(width, 4.0), height)
     ax = axes[0, 0]
     image = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     ax.set_xticks(range(len(layers)), layers, rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(len(metrics)), metrics, fontsize=7)
-    ax.set_title(f"Spearman ρ with {forecast} (all runs)", fontsize=9)
+    models = study.runs["model"].astype(str).nunique()
+    title = f"Spearman ρ with {forecast} (all runs)"
+    if models > 1:
+        title += f"\n{models} models pooled: the layers every model has"
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("layer (n: runs with a value)", fontsize=8)
     fig.colorbar(image, ax=ax, fraction=0.03)
     return _save(fig, path)
 
@@ -238,45 +262,79 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
     return _save(fig, path)
 
 
+#: line styles of a model's stacks, in the order its probe recorded them (encoder, decoder)
+STACK_STYLES = ("-", "--", ":", "-.")
+
+
+def _relative_ranks(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rank probe's token ε-ranks of every block at the first probe, each divided by its
+    layer's width (``rank_ratio``), with the block's ``stack`` (``encoder`` of ``encoder.3``);
+    and the models left out because their runs recorded no width."""
+    epsilon = table["metric"].map(token_rank_epsilon)
+    rank = table[(table["probe"] == "rank") & (table["epoch"] == 0)]
+    blocks = rank[rank["layer"].astype(str).str.fullmatch(BLOCK.pattern)]
+    part = blocks[epsilon.loc[blocks.index].notna()]
+    widths = blocks[blocks["metric"] == TOKEN_WIDTH].set_index(["run", "layer"])["value"]
+    width = pd.Series(
+        widths.reindex(pd.MultiIndex.from_frame(part[["run", "layer"]])).to_numpy(),
+        index=part.index,
+    )
+    part = part.assign(
+        model=part["model"].astype(str),
+        stack=part["layer"].str.split(".").str[0],
+        rank_ratio=part["value"] / width,
+    )
+    missing = part.groupby("model")["rank_ratio"].apply(lambda r: r.isna().all())
+    return part[part["rank_ratio"].notna()], sorted(missing.index[missing])
+
+
 def _block_ranks(part: pd.DataFrame) -> pd.DataFrame:
-    """One model's ε-rank records of one ε -> block × run values, blocks in the model's order."""
+    """One stack's rank ratios of one ε -> block × run values, blocks in the model's order."""
     order = list(pd.unique(part["layer"]))
-    wide = part.pivot_table(index="layer", columns="run", values="value", aggfunc="first")
+    wide = part.pivot_table(index="layer", columns="run", values="rank_ratio", aggfunc="first")
     return wide.loc[order]
 
 
 @_plain_text
 def flow_of_ranks(study: Study, path: Path) -> Path | None:
-    """Each model's ε-rank of its blocks' tokens (rank probe, first probe) against relative
-    depth, one panel per ε: the rank-structure paper's flow of ranks, models side by side. A
-    model run on several data sets is drawn as its median over them, its range shaded."""
-    table = study.table
-    epsilon = table["metric"].map(token_rank_epsilon)
-    part = table[(table["probe"] == "rank") & epsilon.notna()]
-    part = part[part["layer"].str.fullmatch(BLOCK.pattern) & (part["epoch"] == 0)]
+    """Each model's ε-rank of its blocks' tokens divided by their width (rank probe, first
+    probe) against relative depth, one line per stack of blocks (encoder, decoder: a model's
+    stacks are not joined), one panel per ε: the rank-structure paper's flow of ranks, models
+    of any width side by side. A model run on several data sets is drawn as its median over
+    them, its range shaded; models whose runs recorded no width are named, not drawn."""
+    part, missing = _relative_ranks(study.table)
     if part.empty:
         return None
-    part = part.assign(model=part["model"].astype(str))
     metrics = sorted(part["metric"].unique(), key=token_rank_epsilon)
     models = sorted(part["model"].unique())
     colours = _palette(models)
-    shade = float(np.clip(0.75 / len(models), 0.06, 0.2))  # fainter the more bands overlap
+    stacks = {m: list(pd.unique(part.loc[part["model"] == m, "stack"])) for m in models}
+    bands = sum(map(len, stacks.values()))
+    shade = float(np.clip(0.75 / bands, 0.06, 0.2))  # fainter the more bands overlap
     fig, axes = _panels(len(metrics), 3.6, 3.4)
     for ax, metric in zip(axes, metrics, strict=True):
         for model in models:
-            ranks = _block_ranks(part[(part["metric"] == metric) & (part["model"] == model)])
-            depth = np.linspace(0, 1, len(ranks)) if len(ranks) > 1 else np.zeros(1)
-            runs = ranks.shape[1]
-            label = f"{model} ({runs} run{'s' if runs > 1 else ''})"
-            colour = colours[model]
-            ax.plot(depth, ranks.median(axis=1), marker="o", ms=3, color=colour, label=label)
-            if runs > 1:
-                low, high = ranks.min(axis=1), ranks.max(axis=1)
-                ax.fill_between(depth, low, high, color=colour, alpha=shade, linewidth=0)
+            for stack, style in zip(stacks[model], STACK_STYLES * 4, strict=False):
+                chosen = (part["metric"] == metric) & (part["model"] == model)
+                ranks = _block_ranks(part[chosen & (part["stack"] == stack)])
+                depth = np.linspace(0, 1, len(ranks)) if len(ranks) > 1 else np.zeros(1)
+                runs = ranks.shape[1]
+                label = f"{model}{f' · {stack}' if len(stacks[model]) > 1 else ''}"
+                label += f" ({runs} run{'s' if runs > 1 else ''})"
+                colour = colours[model]
+                ax.plot(
+                    depth, ranks.median(axis=1), style, marker="o", ms=3, color=colour, label=label
+                )
+                if runs > 1:
+                    low, high = ranks.min(axis=1), ranks.max(axis=1)
+                    ax.fill_between(depth, low, high, color=colour, alpha=shade, linewidth=0)
         ax.set_title(f"token {metric} per block", fontsize=9)
-        ax.set_xlabel("relative depth (blocks in order, first 0, last 1)", fontsize=8)
-    axes[0].set_ylabel("ε-rank")
-    title = "model: the median over its runs (data sets), their range shaded"
+        ax.set_xlabel("relative depth in its stack (first block 0, last 1)", fontsize=8)
+        ax.set_ylim(0, 1.05)
+    axes[0].set_ylabel("ε-rank / width")
+    title = "model · stack: the median over its runs (data sets), their range shaded"
+    if missing:
+        title += f"\nnot drawn, no width recorded: {', '.join(missing)}"
     _legend_below(fig, *axes[0].get_legend_handles_labels(), title=title)
     return _save(fig, path)
 

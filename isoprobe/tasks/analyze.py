@@ -271,8 +271,9 @@ def _figures(
             f"{forecast} against each metric of the last layer, coloured by model",
         ),
         (
-            figures.heatmap(table, forecast, output / "heatmap.png"),
-            f"Spearman ρ with {forecast} over metric × layer (all runs)",
+            figures.heatmap(study, table, forecast, output / "heatmap.png"),
+            f"Spearman ρ with {forecast} over metric × layer (all runs; n per layer; several "
+            "models: the layer choices every model has)",
         ),
         (
             figures.trajectories(
