@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -73,10 +74,43 @@ def _palette(levels: list) -> dict:
     return dict(zip(levels, colours, strict=False))
 
 
+#: line styles that, with tab10's ten colours, tell up to forty lines apart
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def line_styles(levels: list) -> dict:
+    """A distinct (colour, line style) per level: tab10's ten colours solid, then again dashed,
+    dotted, dash-dotted (tab20's paired shades are too alike to tell apart on a line)."""
+    colours = plt.cm.tab10.colors
+    return {
+        level: (colours[i % 10], LINE_STYLES[i // 10 % len(LINE_STYLES)])
+        for i, level in enumerate(levels)
+    }
+
+
 def _legend_below(fig, handles: list, labels: list[str], title: str | None = None) -> None:
     """One legend for the whole figure, centred under its panels, as many columns as fit."""
     columns = max(1, min(len(labels), int(fig.get_figwidth() // 2.2)))
     fig.legend(handles, labels, loc="outside lower center", ncols=columns, fontsize=8, title=title)
+
+
+def _plain_log(value: float, _position=None) -> str:
+    """A log axis's tick as plain text (the figures draw no mathtext): ``0.2``, ``1``, ``50``."""
+    return f"{value:g}"
+
+
+def _plain_log_minor(value: float, _position=None) -> str:
+    """A minor tick of a log axis labelled only at 2 and 5 times a power of ten."""
+    mantissa = round(value / 10 ** np.floor(np.log10(value)), 6)
+    return f"{value:g}" if mantissa in (2, 5) else ""
+
+
+def _log_y(ax) -> None:
+    """A log y axis whose ticks are plain numbers."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_plain_log))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_plain_log_minor))
+    ax.tick_params(axis="y", which="both", labelsize=7)
 
 
 def _save(fig, path: Path) -> Path:
@@ -85,29 +119,41 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _spearman(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's ρ of the finite pairs; NaN for fewer than three or a constant side."""
+    both = pd.concat([x, y], axis=1).dropna()
+    if len(both) < 3 or both.nunique().min() < 2:
+        return float("nan")
+    return float(both.rank().corr().iloc[0, 1])
+
+
 @_plain_text
 def papers_form(study: Study, forecast: str, metric: str, path: Path) -> Path | None:
-    """Per model, the forecast error beside the last layer's ``metric`` for every data set
-    (the isotropy paper's figures 3 and 7)."""
+    """Per model, one panel: each run's forecast error (log axis) against its last layer's
+    ``metric`` (the isotropy paper's figures 3 and 7 as points on one scale), the model's
+    Spearman ρ over its runs and their number in the title (no ρ under three runs)."""
     geometry = geometry_at(study, PAIRED_PROBE[forecast.split("_", 1)[0]])
     key = ("isotropy", metric, "last")
     if key not in geometry.columns:
         return None
     runs = study.runs.set_index("run")
-    frame = runs[["model", "dataset", forecast]].join(geometry[key].rename(metric))
-    models = sorted(frame["model"].dropna().unique())
-    datasets = frame["dataset"].nunique()
-    fig, axes = _figure(len(models), 1, max(PAGE_WIDTH, 2.0 + 0.55 * datasets), 2.8 * len(models))
-    for ax, model in zip(axes[:, 0], models, strict=True):
-        part = frame[frame["model"] == model].groupby("dataset")[[forecast, metric]].mean()
-        positions = np.arange(len(part))
-        ax.bar(positions - 0.2, part[forecast], 0.4, color="tab:red", label=forecast)
-        ax.set_ylabel(forecast, color="tab:red")
-        twin = ax.twinx()
-        twin.bar(positions + 0.2, part[metric], 0.4, color="tab:blue", label=f"{metric} (last)")
-        twin.set_ylabel(f"{metric} (last layer)", color="tab:blue")
-        ax.set_xticks(positions, part.index.astype(str), rotation=30, ha="right", fontsize=8)
-        ax.set_title(model)
+    frame = runs[["model", forecast]].join(geometry[key].rename(metric)).dropna()
+    frame = frame[frame[forecast] > 0]
+    if frame.empty:
+        return None
+    models = sorted(frame["model"].astype(str).unique())
+    colours = _palette(models)
+    fig, axes = _panels(len(models), 2.7, 2.5)
+    for ax, model in zip(axes, models, strict=True):
+        part = frame[frame["model"].astype(str) == model]
+        ax.scatter(part[metric], part[forecast], s=14, color=colours[model])
+        _log_y(ax)
+        rho = _spearman(part[metric], part[forecast])
+        found = f"ρ={rho:.2f}, " if np.isfinite(rho) else ""
+        ax.set_title(f"{model}\n{found}n={len(part)}", fontsize=8)
+        ax.set_xlabel(f"{metric} (last layer)", fontsize=7)
+        ax.set_ylabel(f"{forecast} (log)", fontsize=7)
+        ax.tick_params(labelsize=7)
     return _save(fig, path)
 
 
@@ -148,7 +194,10 @@ def scatter(
             title += f"\nρ={r.spearman:.2f} [{r.spearman_lo:.2f}, {r.spearman_hi:.2f}] n={r.n}"
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(f"{key[1]} (last layer)", fontsize=8)
-        ax.set_ylabel(forecast, fontsize=8)
+        logged = bool((runs[forecast].dropna() > 0).all())
+        ax.set_ylabel(f"{forecast}{' (log)' if logged else ''}", fontsize=8)
+        if logged:
+            _log_y(ax)
     _legend_below(fig, *axes[0].get_legend_handles_labels(), title="model")
     return _save(fig, path)
 
@@ -233,7 +282,9 @@ def colour_factor(study: Study, candidates: list[str]) -> str:
 
 @_plain_text
 def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> Path | None:
-    """The last layer's metrics over epochs, one line per run, coloured by ``factor``."""
+    """The last layer's metrics over epochs, one line per run probed at more than one epoch
+    (the others have no trajectory), a distinct colour and line style per level of
+    ``factor``; the title says which runs these are."""
     table = study.table
     multi = runs_over_epochs(study)
     if not len(multi):
@@ -246,16 +297,25 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
     if not shown:
         return None
     levels = sorted(part[factor].astype(str).unique())
-    colours = _palette(levels)
+    styles = line_styles(levels)
     fig, axes = _panels(len(shown), 5.0, 3.2)
     for ax, metric in zip(axes, shown, strict=True):
         for _, line in part[part["metric"] == metric].groupby("run"):
             line = line.sort_values("epoch")
             level = str(line[factor].iloc[0])
-            ax.plot(line["epoch"], line["value"], color=colours[level], alpha=0.85, label=level)
+            colour, style = styles[level]
+            ax.plot(line["epoch"], line["value"], style, color=colour, alpha=0.85, label=level)
         ax.set_title(f"{metric} (last layer)", fontsize=9)
         ax.set_xlabel("epoch")
         ax.xaxis.get_major_locator().set_params(integer=True)
+    models = ", ".join(
+        sorted(study.runs.loc[study.runs["run"].isin(multi), "model"].astype(str).unique())
+    )
+    fig.suptitle(
+        f"The {len(multi)} of {len(study.runs)} runs probed at more than one epoch (model: "
+        f"{models}); the others have no trajectory",
+        fontsize=9,
+    )
     handles, labels = axes[0].get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
     _legend_below(fig, list(unique.values()), list(unique), title=factor)

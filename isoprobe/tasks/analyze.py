@@ -262,7 +262,8 @@ def _figures(
     made = [
         (
             figures.papers_form(study, forecast, metric, output / "papers_form.png"),
-            f"Per model: {forecast} beside the last layer's {metric}, every data set",
+            f"Per model: each run's {forecast} (log) against its last layer's {metric}, with "
+            "the model's Spearman ρ and number of runs",
         ),
         (
             figures.scatter(
@@ -279,7 +280,8 @@ def _figures(
             figures.trajectories(
                 study, list(metrics_where("shown")[:4]), factor, output / "trajectories.png"
             ),
-            f"The last layer's metrics over epochs, per run, coloured by {factor}",
+            f"The last layer's metrics over epochs of the runs probed at more than one epoch "
+            f"(the others have no trajectory), coloured by {factor}",
         ),
         (
             figures.flow_of_ranks(study, output / "flow_of_ranks.png"),

@@ -196,13 +196,20 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path, monkeypatch):
 
 def test_trajectories_colour_by_what_tells_the_trained_runs_apart(drawn):
     """In the grid only the last model trains: its twelve runs differ by data set (more levels
-    than tab10 has colours), so the lines are coloured by data set, each its own colour."""
-    _, made = drawn
-    (legend,) = made["trajectories"].legends
+    than tab10 has colours), so the lines are coloured by data set, each its own tab10 colour
+    and line style (not tab20's pale twins), and the title says which runs these are."""
+    models, made = drawn
+    fig = made["trajectories"]
+    (legend,) = fig.legends
     assert legend.get_title().get_text() == "dataset"
     labels = [t.get_text() for t in legend.get_texts()]
     assert labels == [f"dataset_{j:02d}" for j in range(12)]
-    assert len({to_hex(h.get_color()) for h in legend.legend_handles}) == 12
+    styles = {(to_hex(h.get_color()), h.get_linestyle()) for h in legend.legend_handles}
+    assert len(styles) == 12
+    assert {colour for colour, _ in styles} <= {to_hex(c) for c in plt.cm.tab10.colors}
+    title = fig.get_suptitle()
+    assert f"The 12 of {12 * models} runs probed at more than one epoch" in title
+    assert f"model_{models - 1}" in title
 
 
 def test_the_colour_factor_is_one_that_varies_among_the_trained_runs(tmp_path):
@@ -291,3 +298,24 @@ def test_runs_without_a_model_name_are_one_model_in_the_flow_of_ranks(tmp_path, 
     assert figures.flow_of_ranks(load_study([str(tmp_path / "sweep")]), tmp_path / "f.png")
     assert [t.get_text() for t in kept[0].legends[0].get_texts()] == ["None (2 runs)"]
     assert all(len(line.get_ydata()) == 3 for ax in kept[0].axes for line in ax.lines)
+
+
+def test_errors_are_drawn_on_a_log_axis(drawn):
+    """Errors spanning decades: the scatter's and the papers'-form panels' error axes are
+    logarithmic, labelled as plain numbers."""
+    _, made = drawn
+    for name in ("scatter", "papers_form"):
+        for ax in made[name].axes:
+            if ax.has_data():
+                assert ax.get_yscale() == "log", name
+                assert "(log)" in ax.get_ylabel(), name
+
+
+def test_the_papers_form_is_one_panel_per_model_with_its_rho_and_n(drawn):
+    models, made = drawn
+    panels = [ax for ax in made["papers_form"].axes if ax.has_data()]
+    assert len(panels) == models
+    for i, ax in enumerate(panels):
+        title = ax.get_title()
+        assert title.startswith(f"model_{i}\nρ=") and title.endswith("n=12")
+        assert len(ax.collections) == 1 and len(ax.collections[0].get_offsets()) == 12
