@@ -1,7 +1,8 @@
 """RankProbe: the rank structure of every layer over training (the rank-structure paper).
 
-Two kinds of rows, for every ε in ``epsilons`` (the ε-rank, paper eq. 1: the number of singular
-values at least ε times the largest, :func:`isoprobe.metrics.epsilon_rank`):
+Per probed layer, ``n_tokens`` and ``width`` (the tokens' dimension, the most their rank can
+be); and two kinds of rows, for every ε in ``epsilons`` (the ε-rank, paper eq. 1: the number
+of singular values at least ε times the largest, :func:`isoprobe.metrics.epsilon_rank`):
 
 - ``rank_uncentred_eps<ε>`` of every probed layer: the ε-rank of the matrix of its collected
   tokens ([N, D], not centred: the rank of the tokens themselves, which the paper's flow of
@@ -39,7 +40,12 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from isoprobe.metrics.rank import rank_from_singular_values, rank_metric, singular_values
+from isoprobe.metrics.rank import (
+    TOKEN_WIDTH,
+    rank_from_singular_values,
+    rank_metric,
+    singular_values,
+)
 from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
@@ -104,6 +110,7 @@ class RankProbe(Probe):
                 continue
             token_spectra[layer] = sigma
             rows.append(Row(layer, "n_tokens", float(X.shape[0])))
+            rows.append(Row(layer, TOKEN_WIDTH, float(X.shape[1])))
             rows += [
                 Row(layer, rank_metric(eps), float(rank_from_singular_values(sigma, eps)))
                 for eps in self.epsilons

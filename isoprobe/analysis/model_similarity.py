@@ -13,7 +13,15 @@ a few dozen windows against layers hundreds wide bias the plain estimator toward
 
 What has no value is NaN with the reason in ``note``, never a number: a pair of runs with
 fewer than ``min_windows`` shared windows (one row for the pair), a run whose file is missing or
-cannot be read (one row, the file's reason), a layer without spread over the shared windows.
+cannot be read, or that saved no window means while other runs of the study did (one row, the
+reason), a layer without spread over the shared windows. A value computed without some shared
+windows (their mean holds NaN or inf at that layer) says in ``note`` how many, of which run.
+
+Noise floor: debiased CKA of unrelated windows scatters around 0, and the highest of a row of
+such values can look like a match. Each pair of runs at each epoch kind gets ``noise_floor``, the
+highest CKA of any of its layer pairs with one side's windows shuffled (:data:`SHUFFLES` seeded
+shuffles; the highest, since a closest layer is itself the highest of a row); a model pair's
+closest layer is named only above the mean floor of its run pairs (:func:`best_match`).
 
 Per pair of models, one matrix per epoch kind: the mean over the run pairs of the two models
 that share a data set and a seed (the matched seeds), or over all their run pairs where no seed
@@ -45,6 +53,8 @@ from isoprobe.metrics.similarity import CkaSide, cka_of_sides
 
 #: the fewest shared windows a pair of runs is compared on
 MIN_WINDOWS = 8
+#: shuffles of one side's windows per pair of runs and epoch kind, for the noise floor
+SHUFFLES = 5
 EPOCH_KINDS = tuple(FILES)
 COLUMNS = (
     "run_a",
@@ -59,6 +69,7 @@ COLUMNS = (
     "layer_b",
     "n_windows",
     "cka",
+    "noise_floor",
     "note",
 )
 
@@ -77,13 +88,14 @@ class SavedRun:
 
 
 def saved_runs(study: Study) -> list[SavedRun]:
-    """The runs of ``study`` whose directory holds saved window means, in study order."""
+    """The runs of ``study``, in study order, each with its saved window means or the reason it
+    has none; empty when no run saved any (a study without the window-means probe)."""
     runs = study.runs.set_index("run")
+    directories = {name: study.paths.get(name) for name in study.runs["run"]}
+    if not any(d is not None and (d / DIRECTORY).is_dir() for d in directories.values()):
+        return []
     found = []
-    for name in study.runs["run"]:
-        directory = study.paths.get(name)
-        if directory is None or not (directory / DIRECTORY).is_dir():
-            continue
+    for name, directory in directories.items():
         row = runs.loc[name]
         noise = row.get("noise")
         found.append(
@@ -93,10 +105,17 @@ def saved_runs(study: Study) -> list[SavedRun]:
                 dataset=str(row["dataset"]),
                 data_key=(str(row["dataset"]), str(noise)),
                 seed=row.get("seed"),
-                saved={kind: _read(directory / DIRECTORY / FILES[kind]) for kind in EPOCH_KINDS},
+                saved={kind: _saved(directory, kind) for kind in EPOCH_KINDS},
             )
         )
     return found
+
+
+def _saved(directory: Path | None, kind: str) -> WindowMeans | str:
+    if directory is None or not (directory / DIRECTORY).is_dir():
+        where = directory / DIRECTORY if directory is not None else "its directory"
+        return f"the run saved no window means ({where} is missing)"
+    return _read(directory / DIRECTORY / FILES[kind])
 
 
 def _read(path: Path) -> WindowMeans | str:
@@ -166,22 +185,26 @@ def pair_rows(a: SavedRun, b: SavedRun, kind: str, min_windows: int) -> list[dic
     if len(rows_a) < min_windows:
         why = f"{len(rows_a)} shared windows (series, forecast origin), fewer than {min_windows}"
         return [{**base, "n_windows": len(rows_a), "cka": math.nan, "note": why}]
-    sides_b = {layer: _Layer(X[rows_b]) for layer, X in second.layers.items()}
-    rows = []
+    sides_b = {layer: _Layer(X[rows_b], b.name) for layer, X in second.layers.items()}
+    rows, shuffled = [], []
     for layer_a, X in first.layers.items():
-        side_a = _Layer(X[rows_a])
+        side_a = _Layer(X[rows_a], a.name)
         for layer_b, side_b in sides_b.items():
             rows.append({**base, "layer_a": layer_a, "layer_b": layer_b})
             rows[-1].update(_cka(side_a, side_b, min_windows))
-    return rows
+            if not math.isnan(rows[-1]["cka"]):
+                shuffled += _shuffled_cka(side_a, side_b)
+    floor = max(shuffled, default=math.nan)
+    return [{**row, "noise_floor": floor} for row in rows]
 
 
 class _Layer:
     """One layer's window means on the shared windows, prepared for CKA once for every layer
-    it meets when all of them have a real token."""
+    it meets when all of them have a real token; ``run``: whose they are."""
 
-    def __init__(self, X: torch.Tensor) -> None:
+    def __init__(self, X: torch.Tensor, run: str) -> None:
         self.X = X.double()
+        self.run = run
         self.finite = torch.isfinite(self.X).all(dim=1)
         self._side: CkaSide | None = None
 
@@ -203,20 +226,59 @@ def _cka(a: _Layer, b: _Layer, min_windows: int) -> dict[str, Any]:
     if math.isnan(value):
         why = "a layer without spread over the shared windows (all means equal) has no CKA"
         return {"n_windows": n, "cka": math.nan, "note": why}
-    return {"n_windows": n, "cka": value, "note": ""}
+    return {"n_windows": n, "cka": value, "note": _dropped(a, b)}
+
+
+def _dropped(a: _Layer, b: _Layer) -> str:
+    """The note of a value computed without the windows whose mean holds NaN or inf."""
+    counts = [(int((~side.finite).sum()), side.run) for side in (a, b)]
+    which = [f"{count} in run {run}" for count, run in counts if count]
+    if not which:
+        return ""
+    left_out = int((~(a.finite & b.finite)).sum())
+    return (
+        f"{left_out} of {len(a.finite)} shared windows left out: their mean holds NaN or inf "
+        f"({', '.join(which)})"
+    )
+
+
+def _shuffled_cka(a: _Layer, b: _Layer) -> list[float]:
+    """The CKA of ``a`` against ``b`` with ``b``'s windows shuffled, once per shuffle
+    (:data:`SHUFFLES`, seeded: the same for every pair), on the windows both hold a finite
+    mean for."""
+    rows = a.finite & b.finite
+    side_a, side_b = a.side(rows), b.side(rows)
+    generator = torch.Generator().manual_seed(0)
+    return [
+        cka_of_sides(
+            side_a,
+            CkaSide(side_b.centred[torch.randperm(side_b.n, generator=generator)]),
+            debiased=True,
+        )
+        for _ in range(SHUFFLES)
+    ]
 
 
 @dataclass
 class ModelPair:
     """The layer-against-layer CKA of two models: per epoch kind, a matrix (rows: layers of
     ``model_a``, columns: layers of ``model_b``, in probe order), the mean over ``run_pairs``
-    run pairs (``matched``: those sharing a seed)."""
+    run pairs (``matched``: those sharing a seed), and its noise floor (the mean of theirs;
+    NaN where none was found). ``zero_shot``: every run pair's last probe was at epoch 0,
+    so both epoch kinds are the same probe."""
 
     model_a: str
     model_b: str
     matrices: dict[str, pd.DataFrame]
     run_pairs: int
     matched: bool
+    floors: dict[str, float] = field(default_factory=dict)
+    zero_shot: bool = False
+
+    def distinct_kinds(self) -> list[str]:
+        """The epoch kinds with a matrix, ``epoch0`` alone for a zero-shot pair."""
+        kinds = [kind for kind in EPOCH_KINDS if kind in self.matrices]
+        return kinds[:1] if self.zero_shot else kinds
 
 
 def model_pair_matrices(table: pd.DataFrame, runs: pd.DataFrame) -> list[ModelPair]:
@@ -235,10 +297,11 @@ def model_pair_matrices(table: pd.DataFrame, runs: pd.DataFrame) -> list[ModelPa
         matched = bool(part["matched"].any())
         if matched:
             part = part[part["matched"]]
-        matrices = {}
+        matrices, floors = {}, {}
         for kind in EPOCH_KINDS:
             rows = part[part["epoch_kind"] == kind]
             if len(rows):
+                floors[kind] = float(rows.drop_duplicates(["run_a", "run_b"])["noise_floor"].mean())
                 matrix = rows.pivot_table(
                     index="layer_a", columns="layer_b", values="cka", aggfunc="mean"
                 )
@@ -246,7 +309,11 @@ def model_pair_matrices(table: pd.DataFrame, runs: pd.DataFrame) -> list[ModelPa
                     list(dict.fromkeys(rows["layer_a"])), list(dict.fromkeys(rows["layer_b"]))
                 ]
         count = part[["run_a", "run_b"]].drop_duplicates().shape[0]
-        pairs.append(ModelPair(str(model_a), str(model_b), matrices, count, matched))
+        last = part[part["epoch_kind"] == "last"]
+        zero_shot = len(last) > 0 and bool((last[["epoch_a", "epoch_b"]] == 0).all().all())
+        pairs.append(
+            ModelPair(str(model_a), str(model_b), matrices, count, matched, floors, zero_shot)
+        )
     return pairs
 
 
@@ -263,11 +330,13 @@ def _oriented(rows: pd.DataFrame) -> pd.DataFrame:
 
 def best_match(pair: ModelPair, kind: str) -> tuple[str, str, float] | None:
     """(last layer of model A, the layer of model B most similar to it, their CKA) at
-    ``kind``; None without a defined value there."""
+    ``kind``; None without a defined value there, or where the highest is not above the
+    pair's noise floor (then it names noise, not a match)."""
     matrix = pair.matrices.get(kind)
     if matrix is None or matrix.empty:
         return None
     last = matrix.iloc[-1].dropna()
-    if last.empty:
+    floor = pair.floors.get(kind, math.nan)
+    if last.empty or not last.max() > floor:
         return None
     return str(matrix.index[-1]), str(last.idxmax()), float(last.max())

@@ -45,6 +45,9 @@ describe_metric(TOKEN_RANK_METRIC.pattern, MetricInfo(direction=1), pattern=True
 describe_metric(r"rank_[a-z]+_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
 #: the flow of ranks at the paper's middle ε in the run's summary table
 describe_metric(f"{TOKEN_RANK_PREFIX}0.01", MetricInfo(direction=1, summary=True))
+#: the width of a layer's tokens (their dimension), beside its ε-ranks: the most a rank can be
+TOKEN_WIDTH = "width"
+describe_metric(TOKEN_WIDTH, MetricInfo(bookkeeping=True))
 
 
 def rank_metric(eps: float, projection: str | None = None) -> str:

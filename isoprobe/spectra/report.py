@@ -1,8 +1,11 @@
 """Figure 2's outputs, written into the run directory: ``singular_values.csv`` (σᵢ/σ₁ per model,
 long form), ``epsilon_ranks.csv`` (each model's ε-ranks, tokens and width),
-``embedding_spectra.png`` (panel a: σᵢ/σ₁ against i, every model on one log plot; panels b, c:
-the embedded inputs of two models projected on their two leading singular vectors) and
-``report.html`` (the figure and the table on one page)."""
+``embedding_spectra.png`` (panel a: σᵢ/σ₁ against i, every model on one log plot, each its own
+colour, weights drawn at random marked "random init", the legend below the panels; panels b, c:
+the embedded inputs of two models projected on their two leading singular vectors, on symmetric
+log axes so that the small-spread families are not a blob under white noise) and
+``report.html`` (the figure, whether its numbers reproduce the paper's claim
+(:mod:`isoprobe.spectra.claim`) and the table on one page)."""
 
 from __future__ import annotations
 
@@ -13,13 +16,33 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from isoprobe.analysis.report import write_report  # noqa: E402
+from isoprobe.spectra.claim import claim_statement, is_random_init  # noqa: E402
 from isoprobe.spectra.spectrum import EmbeddingSpectrum  # noqa: E402
 
 #: line styles by modality: the time-series models solid, the baselines of other modalities not
 STYLES = {"time series": "-", "text": "--", "image": ":", "table": "-."}
+#: a colour per system: tab10's ten, then four more far from them (figure 2 lists twelve)
+COLOURS = (*plt.get_cmap("tab10").colors, "black", "#882255", "#332288", "#ddcc77")
+#: panels b, c: the linear part of the symmetric log axes, as a share of the largest |value|
+LINEAR_SHARE = 0.05
+
+
+def system_label(name: str, modality: str, source: str) -> str:
+    """A system's name in the legend: its modality, and "random init" for weights not trained."""
+    return f"{name} ({modality}{', random init' if is_random_init(source) else ''})"
+
+
+def _symlog(panel, points: np.ndarray) -> None:
+    """Symmetric log axes on ``points`` [n, 2]: a few far points (white noise) leave the many
+    near the origin legible."""
+    largest = np.abs(points).max(axis=0)
+    largest[largest == 0] = 1.0
+    panel.set_xscale("symlog", linthresh=LINEAR_SHARE * float(largest[0]))
+    panel.set_yscale("symlog", linthresh=LINEAR_SHARE * float(largest[1]))
 
 
 def rank_table(
@@ -35,6 +58,7 @@ def rank_table(
             "model": name,
             "modality": modalities[name],
             "weights": sources[name],
+            "random_init": is_random_init(sources[name]),
             "tokens": spectrum.shape[0],
             "width": spectrum.shape[1],
         }
@@ -56,6 +80,7 @@ def singular_value_table(spectra: Mapping[str, EmbeddingSpectrum]) -> pd.DataFra
 def draw_figure(
     spectra: Mapping[str, EmbeddingSpectrum],
     modalities: Mapping[str, str],
+    sources: Mapping[str, str],
     projected: Sequence[str],
     labels: Mapping[str, Sequence[str]],
     path: Path,
@@ -63,18 +88,17 @@ def draw_figure(
     """Panel (a) and one projection panel per name in ``projected``, its points coloured by
     the signal family they came from where ``labels`` has the rows' families."""
     shown = [name for name in projected if name in spectra]
-    fig = plt.figure(figsize=(6.0 + 3.2 * len(shown), 4.2), layout="constrained")
+    fig = plt.figure(figsize=(6.0 + 3.2 * len(shown), 5.2), layout="constrained")
     grid = fig.add_gridspec(1, 1 + len(shown), width_ratios=[1.9] + [1.0] * len(shown))
     ax = fig.add_subplot(grid[0])
-    colours = plt.get_cmap("tab20").colors
     for k, (name, spectrum) in enumerate(spectra.items()):
         index = range(1, len(spectrum.relative) + 1)
         ax.loglog(
             index,
             spectrum.relative.clamp_min(1e-16).numpy(),
             STYLES.get(modalities[name], "-"),
-            color=colours[(2 * k) % 20 + (2 * k) // 20 % 2],
-            label=f"{name} ({modalities[name]})",
+            color=COLOURS[k % len(COLOURS)],
+            label=system_label(name, modalities[name], sources[name]),
             linewidth=1.6,
         )
     ax.set(
@@ -84,7 +108,14 @@ def draw_figure(
     )
     ax.set_ylim(bottom=1e-8, top=1.5)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left", ncol=2, frameon=False)
+    fig.legend(
+        *ax.get_legend_handles_labels(),
+        loc="outside lower center",
+        ncols=max(1, int(fig.get_figwidth() // 2.6)),
+        fontsize=7,
+        title="(a) system (modality)",
+        title_fontsize=8,
+    )
     for k, name in enumerate(shown):
         panel = fig.add_subplot(grid[k + 1])
         points = spectra[name].projection.numpy()
@@ -103,9 +134,10 @@ def draw_figure(
                     label=family.replace("_", " "),
                 )
             panel.legend(fontsize=7, markerscale=3, frameon=False)
+        _symlog(panel, points)
         panel.set(
-            xlabel="1st singular vector",
-            ylabel="2nd singular vector",
+            xlabel="1st singular vector (symmetric log)",
+            ylabel="2nd singular vector (symmetric log)",
             title=f"({chr(ord('b') + k)}) {name}'s embedded inputs",
         )
     fig.savefig(path, dpi=110)
@@ -132,16 +164,24 @@ def write_outputs(
     }
     ranks.to_csv(paths["epsilon_ranks"], index=False)
     singular_value_table(spectra).to_csv(paths["singular_values"], index=False)
-    draw_figure(spectra, modalities, projected, labels, paths["figure"])
+    draw_figure(spectra, modalities, sources, projected, labels, paths["figure"])
     caption = (
         "(a) σᵢ/σ₁ of each model's embedded inputs (time-series models solid, text dashed, "
-        "images dotted); (b, c) embedded inputs projected on their two leading singular vectors, "
+        "images dotted; random init: weights drawn at random, not the trained model); (b, c) "
+        "embedded inputs projected on their two leading singular vectors (symmetric log axes), "
         "coloured by the signal family they came from where they read the signals"
     )
+    random = [name for name, source in sources.items() if is_random_init(source)]
+    found = [claim_statement(ranks)]
+    if random:
+        found.append(
+            f"Random init, not trained (offline, built as their official code initialises "
+            f"them): {', '.join(random)}."
+        )
     write_report(
         paths["report"],
         "Embedding spectra (rank-structure paper, figure 2)",
-        list(notes),
+        [*notes, *(text for text in found if text)],
         [(paths["figure"], caption)],
         [("ε-rank of the embedded inputs", ranks)],
     )

@@ -45,8 +45,8 @@ from isoprobe.analysis.family import (
     findings,
 )
 from isoprobe.analysis.model_similarity import (
-    EPOCH_KINDS,
     MIN_WINDOWS,
+    SHUFFLES,
     ModelPair,
     best_match,
     model_pair_matrices,
@@ -325,7 +325,8 @@ def _figures(
     made = [
         (
             figures.papers_form(study, forecast, metric, output / "papers_form.png"),
-            f"Per model: {forecast} beside the last layer's {metric}, every data set",
+            f"Per model: each run's {forecast} (log) against its last layer's {metric}, with "
+            "the model's Spearman ρ and number of runs",
         ),
         (
             figures.scatter(
@@ -334,14 +335,16 @@ def _figures(
             f"{forecast} against each metric of the last layer, coloured by model",
         ),
         (
-            figures.heatmap(table, forecast, output / "heatmap.png"),
-            f"Spearman ρ with {forecast} over metric × layer (all runs)",
+            figures.heatmap(study, table, forecast, output / "heatmap.png"),
+            f"Spearman ρ with {forecast} over metric × layer (all runs; n per layer; several "
+            "models: the layer choices every model has)",
         ),
         (
             figures.trajectories(
                 study, list(metrics_where("shown")[:4]), factor, output / "trajectories.png"
             ),
-            f"The last layer's metrics over epochs, per run, coloured by {factor}",
+            f"The last layer's metrics over epochs of the runs probed at more than one epoch "
+            f"(the others have no trajectory), coloured by {factor}",
         ),
         (
             figures.flow_of_ranks(study, output / "flow_of_ranks.png"),
@@ -525,21 +528,17 @@ def _model_against_model(study: Study, min_windows: int, output: Path) -> list[H
             "any tokenisation meet on the same windows; at least {min_windows} shared). 1: "
             "the same representation up to rotation, scale and shift. Per pair of models: "
             "the mean over their run pairs with the same seed (every run pair where no seed "
-            "is shared). All values: model_similarity.csv.</p>",
+            "is shared). A closest layer is named only above the noise floor: the highest "
+            "CKA of any layer pair with one run's windows shuffled ({shuffles} shuffles). "
+            "All values: model_similarity.csv.</p>",
             min_windows=min_windows,
+            shuffles=SHUFFLES,
         )
     ]
     lines = [_pair_line(pair) for pair in pairs]
     if lines:
         section.append(markup("<ul>{lines}</ul>", lines=join(lines)))
-    undefined = table.loc[table["cka"].isna(), "note"].value_counts()
-    if len(undefined):
-        listed = join(
-            markup("<li>{why}: {n} rows</li>", why=why, n=int(n)) for why, n in undefined.items()
-        )
-        section.append(
-            markup("<p>Without a value (NaN in the CSV):</p><ul>{listed}</ul>", listed=listed)
-        )
+    section += _notes(table)
     directory = output / "model_similarity"
     directory.mkdir(exist_ok=True)
     for i, pair in enumerate(pairs[:MAX_MODEL_PAIR_FIGURES]):
@@ -556,18 +555,50 @@ def _model_against_model(study: Study, min_windows: int, output: Path) -> list[H
     return section
 
 
+def _notes(table: pd.DataFrame) -> list[Html]:
+    """The notes of model_similarity.csv, each with its count of rows: those of rows without a
+    value, then those of values computed without some windows."""
+    section = []
+    headings = {
+        True: "Without a value (NaN in the CSV):",
+        False: "With a value computed on fewer windows:",
+    }
+    for undefined, heading in headings.items():
+        rows = table[table["cka"].isna() == undefined]
+        notes = rows.loc[rows["note"].fillna("") != "", "note"].value_counts()
+        if len(notes):
+            listed = join(
+                markup("<li>{why}: {n} rows</li>", why=why, n=int(n)) for why, n in notes.items()
+            )
+            section.append(
+                markup("<p>{heading}</p><ul>{listed}</ul>", heading=heading, listed=listed)
+            )
+    return section
+
+
 def _pair_line(pair: ModelPair) -> Html:
-    """One model pair: the layer of B closest to A's last layer, before and after training."""
+    """One model pair: the layer of B closest to A's last layer at each distinct epoch kind
+    (one for zero-shot pairs), or that none is above the pair's noise floor."""
     found = []
-    for kind in EPOCH_KINDS:
+    for kind in pair.distinct_kinds():
+        when = "zero-shot" if pair.zero_shot else figures.EPOCH_KIND_TITLES[kind]
         match = best_match(pair, kind)
         if match is not None:
             found.append(
                 markup(
-                    "{when}: {layer} (CKA {value:.3f})",
-                    when=figures.EPOCH_KIND_TITLES[kind],
+                    "{when}: {layer} (CKA {value:.3f}, noise floor {floor:.3f})",
+                    when=when,
                     layer=match[1],
                     value=match[2],
+                    floor=pair.floors[kind],
+                )
+            )
+        elif pair.matrices[kind].iloc[-1].notna().any():
+            found.append(
+                markup(
+                    "{when}: none above the noise floor ({floor:.3f})",
+                    when=when,
+                    floor=pair.floors[kind],
                 )
             )
     last = pair.matrices[next(iter(pair.matrices))].index[-1]

@@ -29,10 +29,13 @@ def probed_run(
     overrides: tuple[str, ...] = (),
     extra_metric: str | None = None,
     rank_level: float = 64.0,
+    width: int = 512,
+    decoder_blocks: int = 0,
 ) -> Path:
     """A run of ``model`` on ``dataset`` probed at ``epochs`` epochs (one: zero-shot; more:
-    fine-tuned, with a forecast after) over ``blocks`` encoder blocks, with random values (the
-    ε-ranks around ``rank_level``, falling with depth)."""
+    fine-tuned, with a forecast after) over ``blocks`` encoder blocks and ``decoder_blocks``
+    decoder blocks, tokens ``width`` wide, with random values (the ε-ranks around
+    ``rank_level``, falling with depth in each stack, at most ``width``)."""
     summary = {"before": {"test/nmse": float(rng.uniform(0.1, 1.0))}}
     if epochs > 1:
         summary["after"] = {"test/nmse": float(rng.uniform(0.1, 1.0))}
@@ -45,14 +48,16 @@ def probed_run(
     config_path.write_text(yaml.safe_dump(config))
     isotropy, rank = [], []
     metrics = [*ISOTROPY_METRICS, *([extra_metric] if extra_metric else [])]
+    stacks = [("encoder", blocks), ("decoder", decoder_blocks)]
+    layers = [(f"{stack}.{b}", b / count) for stack, count in stacks for b in range(count)]
     for epoch in range(epochs):
-        for block in range(blocks):
-            layer = f"encoder.{block}"
+        for layer, depth in layers:
             for metric in metrics:
                 isotropy.append(("isotropy", epoch, epoch, layer, metric, rng.uniform(), ""))
+            rank.append(("rank", epoch, epoch, layer, "width", float(width), ""))
             for eps in EPSILONS:
-                level = rank_level * float(eps) ** -0.2 * (1 - 0.5 * block / blocks)
-                value = float(np.clip(np.round(level * rng.uniform(0.7, 1.3)), 1, 512))
+                level = rank_level * float(eps) ** -0.2 * (1 - 0.5 * depth)
+                value = float(np.clip(np.round(level * rng.uniform(0.7, 1.3)), 1, width))
                 rank.append(("rank", epoch, epoch, layer, f"rank_uncentred_eps{eps}", value, ""))
     columns = ["probe", "epoch", "global_step", "layer", "metric", "value", "note"]
     pd.DataFrame(isotropy, columns=columns).to_csv(directory / "probe_metrics.csv", index=False)
@@ -62,7 +67,9 @@ def probed_run(
 
 def grid_study(root: Path, models: int, datasets: int, seed: int = 0) -> Path:
     """``models`` × ``datasets`` runs under ``root`` (a sweep): model ``i`` has ``4 + 2 i``
-    blocks; the last model is fine-tuned over three epochs (as PatchTST in the real grid)."""
+    blocks ``32 · 2^(i mod 3)`` wide; the first is an encoder-decoder (two decoder blocks, as
+    Chronos-T5); the last model is fine-tuned over three epochs (as PatchTST in the real
+    grid)."""
     rng = np.random.default_rng(seed)
     for i in range(models):
         for j in range(datasets):
@@ -75,6 +82,8 @@ def grid_study(root: Path, models: int, datasets: int, seed: int = 0) -> Path:
                 rng=rng,
                 overrides=(f"model=model_{i}", f"data=dataset_{j:02d}"),
                 rank_level=16.0 * (i + 1),
+                width=32 * 2 ** (i % 3),
+                decoder_blocks=2 if i == 0 else 0,
             )
     return root
 

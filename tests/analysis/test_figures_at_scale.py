@@ -55,7 +55,7 @@ def draw_all(root: Path, models: int, datasets: int, monkeypatch) -> dict[str, p
     drawn = {
         "papers_form": figures.papers_form(study, forecast, "cos_inter", root / "p.png"),
         "scatter": figures.scatter(study, table, forecast, list(SHOWN_METRICS), root / "s.png"),
-        "heatmap": figures.heatmap(table, forecast, root / "h.png"),
+        "heatmap": figures.heatmap(study, table, forecast, root / "h.png"),
         "trajectories": figures.trajectories(study, ["cos_inter"], factor, root / "t.png"),
         "flow_of_ranks": figures.flow_of_ranks(study, root / "f.png"),
         "compression": figures.compression(compression_rows(models, datasets), root / "c.png"),
@@ -105,17 +105,37 @@ def test_legends_and_labels_lie_on_the_canvas_and_off_the_data(drawn, name):
             assert text.get_fontsize() >= 7, (name, text.get_text())
 
 
-def test_the_flow_of_ranks_draws_one_line_and_colour_per_model(drawn):
+def test_the_flow_of_ranks_draws_one_line_per_stack_and_one_colour_per_model(drawn):
+    """model_0 is an encoder-decoder: its two stacks are two lines of its colour (the switch
+    of stack is no dip of one line), every other model one line."""
     models, made = drawn
     fig = made["flow_of_ranks"]
     for ax in fig.axes:
-        assert len(ax.lines) == models  # the median of each model, not a line per run
-        assert len(ax.collections) == models  # each model's range over its data sets
+        assert len(ax.lines) == models + 1  # the median of each stack, not a line per run
+        assert len(ax.collections) == models + 1  # each stack's range over its data sets
         assert len({to_hex(line.get_color()) for line in ax.lines}) == models
+        encoder, decoder = ax.lines[:2]
+        assert to_hex(encoder.get_color()) == to_hex(decoder.get_color())
+        assert encoder.get_linestyle() != decoder.get_linestyle()
+        assert len(encoder.get_xdata()) == 4 and len(decoder.get_xdata()) == 2
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [
-        f"model_{i} (12 runs)" for i in range(models)
+        "model_0 · encoder (12 runs)",
+        "model_0 · decoder (12 runs)",
+        *(f"model_{i} (12 runs)" for i in range(1, models)),
     ]
+
+
+def test_the_flow_of_ranks_plots_rank_over_width_so_models_of_any_width_compare(drawn):
+    """Widths 32 to 128 in the grid: every value divided by its width lies in (0, 1], and the
+    narrow and wide models share the axis."""
+    _, made = drawn
+    for ax in made["flow_of_ranks"].axes:
+        values = np.concatenate([line.get_ydata() for line in ax.lines])
+        assert values.min() > 0 and values.max() <= 1
+        assert ax.get_ylim()[1] <= 1.1
+        assert ax.get_ylabel() in ("", "ε-rank / width")
+    assert made["flow_of_ranks"].axes[0].get_ylabel() == "ε-rank / width"
 
 
 def test_scatter_and_compression_colour_by_model_beyond_ten_runs(drawn):
@@ -144,6 +164,7 @@ def test_the_flow_of_ranks_median_and_range_are_the_runs_own(tmp_path, monkeypat
     wide = ranks.pivot_table(index="layer", columns="run", values="value").loc[
         [f"encoder.{b}" for b in range(4)]
     ]
+    wide = wide / 512  # the runs' width
     ax = kept[0].axes[1]  # eps 0.001, 0.01, 0.1
     (line,) = ax.lines
     np.testing.assert_allclose(line.get_xdata(), np.linspace(0, 1, 4))
@@ -175,13 +196,20 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path, monkeypatch):
 
 def test_trajectories_colour_by_what_tells_the_trained_runs_apart(drawn):
     """In the grid only the last model trains: its twelve runs differ by data set (more levels
-    than tab10 has colours), so the lines are coloured by data set, each its own colour."""
-    _, made = drawn
-    (legend,) = made["trajectories"].legends
+    than tab10 has colours), so the lines are coloured by data set, each its own tab10 colour
+    and line style (not tab20's pale twins), and the title says which runs these are."""
+    models, made = drawn
+    fig = made["trajectories"]
+    (legend,) = fig.legends
     assert legend.get_title().get_text() == "dataset"
     labels = [t.get_text() for t in legend.get_texts()]
     assert labels == [f"dataset_{j:02d}" for j in range(12)]
-    assert len({to_hex(h.get_color()) for h in legend.legend_handles}) == 12
+    styles = {(to_hex(h.get_color()), h.get_linestyle()) for h in legend.legend_handles}
+    assert len(styles) == 12
+    assert {colour for colour, _ in styles} <= {to_hex(c) for c in plt.cm.tab10.colors}
+    title = fig.get_suptitle()
+    assert f"The 12 of {12 * models} runs probed at more than one epoch" in title
+    assert f"model_{models - 1}" in title
 
 
 def test_the_colour_factor_is_one_that_varies_among_the_trained_runs(tmp_path):
@@ -190,12 +218,36 @@ def test_the_colour_factor_is_one_that_varies_among_the_trained_runs(tmp_path):
     assert figures.colour_factor(study, ["seed"]) == "seed"
 
 
-def test_the_heatmap_orders_layers_as_the_network_does(drawn):
-    _, made = drawn
+def test_the_pooled_heatmap_shows_the_layers_every_model_has_with_their_runs(drawn):
+    """Models of 4 to 22 blocks pooled: their blocks are different layers, so the columns are
+    the architecture-free choices, each with its number of runs."""
+    models, made = drawn
     (ax, _colourbar) = made["heatmap"].axes
     layers = [t.get_text() for t in ax.get_xticklabels()]
     # several models: layers by depth, never by a name that means another layer in another model
-    assert layers == ["first", "middle", "last", "mean"]
+    assert layers == [f"{c} (n={12 * models})" for c in ("first", "middle", "last", "mean")]
+    assert f"{models} models pooled" in ax.get_title()
+
+
+def one_model_study(root: Path, blocks: int):
+    rng = np.random.default_rng(5)
+    for i in range(8):
+        probed_run(root / "one" / str(i), "m", f"d{i}", blocks=blocks, epochs=1, rng=rng)
+    return load_study([str(root / "one")])
+
+
+def test_one_models_heatmap_orders_its_layers_as_its_probe_recorded_them(tmp_path, monkeypatch):
+    """Twelve blocks: encoder.10 after encoder.9 (not after encoder.1, as sorted names are),
+    then the last and mean choices, each column with its runs."""
+    study = one_model_study(tmp_path, blocks=12)
+    table = correlations(study, n_boot=20, n_perm=20)
+    kept: list[plt.Figure] = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    figures.heatmap(study, table, "before_test_nmse", tmp_path / "h.png")
+    ax = kept[0].axes[0]
+    layers = [t.get_text() for t in ax.get_xticklabels()]
+    assert layers == [f"encoder.{b} (n=8)" for b in range(12)] + ["last (n=8)", "mean (n=8)"]
+    assert "pooled" not in ax.get_title()
 
 
 def test_a_long_metric_name_leaves_the_heatmap_its_cells(tmp_path, monkeypatch):
@@ -209,16 +261,33 @@ def test_a_long_metric_name_leaves_the_heatmap_its_cells(tmp_path, monkeypatch):
             "metric": [long, "cos_inter"] * 2,
             "layer": ["encoder.0"] * 2 + ["encoder.1"] * 2,
             "spearman": [0.5, -0.5, 0.1, 0.2],
+            "n": 8,
         }
     )
+    study = one_model_study(tmp_path, blocks=2)
     kept: list[plt.Figure] = []
     monkeypatch.setattr(figures.plt, "close", kept.append)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        figures.heatmap(table, "f", tmp_path / "h.png")
+        figures.heatmap(study, table, "f", tmp_path / "h.png")
     ax = kept[0].axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["cos_inter", long[:39] + "…"]
     assert ax.get_window_extent().width > 0.25 * kept[0].bbox.width
+
+
+def test_models_without_a_recorded_width_are_named_not_drawn(tmp_path, monkeypatch):
+    rng = np.random.default_rng(4)
+    for i in range(2):
+        probed_run(tmp_path / "sweep" / str(i), f"m{i}", "d", blocks=3, epochs=1, rng=rng)
+    ranks = tmp_path / "sweep" / "1" / "rank_metrics.csv"
+    rows = pd.read_csv(ranks)
+    rows[rows["metric"] != "width"].to_csv(ranks, index=False)  # recorded before widths were
+    kept: list[plt.Figure] = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+    assert figures.flow_of_ranks(load_study([str(tmp_path / "sweep")]), tmp_path / "f.png")
+    (legend,) = kept[0].legends
+    assert [t.get_text() for t in legend.get_texts()] == ["m0 (1 run)"]
+    assert legend.get_title().get_text().endswith("not drawn, no width recorded: m1")
 
 
 def test_runs_without_a_model_name_are_one_model_in_the_flow_of_ranks(tmp_path, monkeypatch):
@@ -230,3 +299,24 @@ def test_runs_without_a_model_name_are_one_model_in_the_flow_of_ranks(tmp_path, 
     assert figures.flow_of_ranks(load_study([str(tmp_path / "sweep")]), tmp_path / "f.png")
     assert [t.get_text() for t in kept[0].legends[0].get_texts()] == ["None (2 runs)"]
     assert all(len(line.get_ydata()) == 3 for ax in kept[0].axes for line in ax.lines)
+
+
+def test_errors_are_drawn_on_a_log_axis(drawn):
+    """Errors spanning decades: the scatter's and the papers'-form panels' error axes are
+    logarithmic, labelled as plain numbers."""
+    _, made = drawn
+    for name in ("scatter", "papers_form"):
+        for ax in made[name].axes:
+            if ax.has_data():
+                assert ax.get_yscale() == "log", name
+                assert "(log)" in ax.get_ylabel(), name
+
+
+def test_the_papers_form_is_one_panel_per_model_with_its_rho_and_n(drawn):
+    models, made = drawn
+    panels = [ax for ax in made["papers_form"].axes if ax.has_data()]
+    assert len(panels) == models
+    for i, ax in enumerate(panels):
+        title = ax.get_title()
+        assert title.startswith(f"model_{i}\nρ=") and title.endswith("n=12")
+        assert len(ax.collections) == 1 and len(ax.collections[0].get_offsets()) == 12

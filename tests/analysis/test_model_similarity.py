@@ -15,9 +15,16 @@ import pytest
 import torch
 from isoprobe.callbacks.window_means import DIRECTORY, FILES, write_window_means
 
-from isoprobe.analysis.model_similarity import MIN_WINDOWS, model_pair_matrices, model_similarity
+from isoprobe.analysis import figures
+from isoprobe.analysis.model_similarity import (
+    MIN_WINDOWS,
+    best_match,
+    model_pair_matrices,
+    model_similarity,
+)
 from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics import reference
+from isoprobe.tasks.analyze import _pair_line
 from tests.analysis.probed_runs import analyse, probed_run
 
 LAYERS = ("embed", "encoder.0", "encoder.1")
@@ -207,3 +214,100 @@ def test_a_minimum_below_what_debiased_cka_needs_is_refused(tmp_path):
     _save(_run(root, "a", "alpha"), _means(0), WINDOWS)
     with pytest.raises(AnalysisError, match="min_shared_windows=3: debiased CKA needs at least 4"):
         model_similarity(load_study([str(root)]), min_windows=3)
+
+
+def _independent(seed: int, n: int) -> dict[str, torch.Tensor]:
+    """Layer -> [n, width] Gaussian window means, independent of every other seed's."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        layer: torch.randn(n, w, generator=gen) for layer, w in zip(LAYERS, (6, 10, 8), strict=True)
+    }
+
+
+def test_a_rotated_copy_names_the_matching_layer_above_the_noise_floor(tmp_path):
+    root = tmp_path / "sweep"
+    means = _means(0)
+    _save(_run(root, "a", "alpha"), means, WINDOWS)
+    _save(_run(root, "b", "beta"), _rotated_and_scaled(means, 1), WINDOWS)
+    study = load_study([str(root)])
+    table = model_similarity(study)
+    (pair,) = model_pair_matrices(table, study.runs)
+
+    assert table["noise_floor"].notna().all() and (table["noise_floor"] < 0.5).all()
+    for kind in ("epoch0", "last"):
+        last, closest, value = best_match(pair, kind)
+        assert (last, closest) == ("encoder.1", "encoder.1") and value == pytest.approx(1.0)
+        assert pair.floors[kind] == pytest.approx(table["noise_floor"].iloc[0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_independent_representations_name_no_closest_layer(tmp_path, seed):
+    root = tmp_path / "sweep"
+    windows = [(s, o) for s in range(6) for o in (100, 110, 120, 130, 140, 150)]
+    _save(_run(root, "a", "alpha"), _independent(2 * seed, len(windows)), windows)
+    _save(_run(root, "b", "beta"), _independent(2 * seed + 1, len(windows)), windows)
+    study = load_study([str(root)])
+    (pair,) = model_pair_matrices(model_similarity(study), study.runs)
+
+    for kind in ("epoch0", "last"):
+        assert np.isfinite(pair.floors[kind]) and pair.matrices[kind].notna().all().all()
+        assert best_match(pair, kind) is None
+
+
+def test_a_zero_shot_pair_is_one_panel_and_one_reading(tmp_path, monkeypatch):
+    root = tmp_path / "sweep"
+    means = _means(0)
+    _save(_run(root, "a", "alpha"), means, WINDOWS, epochs=(0, 0))
+    _save(_run(root, "b", "beta"), _rotated_and_scaled(means, 1), WINDOWS, epochs=(0, 0))
+    _save(_run(root, "c", "gamma"), _means(2), WINDOWS, epochs=(0, 3))
+    study = load_study([str(root)])
+    pairs = {
+        (p.model_a, p.model_b): p for p in model_pair_matrices(model_similarity(study), study.runs)
+    }
+    kept: list = []
+    monkeypatch.setattr(figures.plt, "close", kept.append)
+
+    zero_shot, trained = pairs[("alpha", "beta")], pairs[("alpha", "gamma")]
+    assert zero_shot.zero_shot and zero_shot.distinct_kinds() == ["epoch0"]
+    assert not trained.zero_shot and trained.distinct_kinds() == ["epoch0", "last"]
+    figures.model_pair(zero_shot, tmp_path / "zero.png")
+    figures.model_pair(trained, tmp_path / "trained.png")
+    panels = [[ax for ax in fig.axes if ax.images] for fig in kept]
+    assert [len(p) for p in panels] == [1, 2]
+    assert panels[0][0].get_title().startswith(figures.ZERO_SHOT_TITLE)
+    line = str(_pair_line(zero_shot))
+    assert line.count("zero-shot: encoder.1 (CKA 1.000") == 1 and "last probe" not in line
+
+
+def test_a_run_without_window_means_gets_rows_without_value_and_a_report_line(tmp_path):
+    root = tmp_path / "sweep"
+    _save(_run(root, "a", "alpha"), _means(0), WINDOWS)
+    _save(_run(root, "b", "beta"), _means(1), WINDOWS)
+    _run(root, "c", "gamma")  # probed, but saved no window means
+    out = analyse(root, tmp_path / "analysis")
+
+    table = pd.read_csv(out / "model_similarity.csv", keep_default_na=False, na_values=[""])
+    with_c = table[(table.run_a == "c") | (table.run_b == "c")]
+    assert len(with_c) == 4  # against a and b, at both epoch kinds
+    assert with_c["cka"].isna().all()
+    assert with_c["note"].str.contains("the run saved no window means").all()
+    assert "the run saved no window means" in (out / "report.html").read_text()
+
+
+def test_windows_holding_nan_or_inf_are_left_out_with_a_note(tmp_path):
+    root = tmp_path / "sweep"
+    means, other = _means(0), _means(5)
+    other["encoder.0"][[1, 4]] = float("inf")
+    other["encoder.0"][7, 0] = float("nan")
+    _save(_run(root, "a", "alpha"), means, WINDOWS)
+    _save(_run(root, "b", "beta"), other, WINDOWS)
+    out = analyse(root, tmp_path / "analysis")
+
+    table = pd.read_csv(out / "model_similarity.csv", keep_default_na=False, na_values=[""])
+    hit = table[table.layer_b == "encoder.0"]
+    assert hit["cka"].notna().all() and (hit["n_windows"] == 9).all()
+    note = "3 of 12 shared windows left out: their mean holds NaN or inf (3 in run b)"
+    assert (hit["note"] == note).all()
+    assert table.loc[table.layer_b != "encoder.0", "note"].isna().all()  # empty in the CSV
+    page = (out / "report.html").read_text()
+    assert f"{note}: {len(hit)} rows" in page

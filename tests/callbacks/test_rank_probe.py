@@ -35,6 +35,7 @@ def test_ranks_equal_the_reference_on_the_collected_tokens_and_the_attention_wei
     for layer, X in tokens.items():
         X = seeded_subsample(X, 60, seed=3).double().numpy()
         assert got[(layer, "n_tokens")] == len(X)
+        assert got[(layer, "width")] == X.shape[1]
         for eps in EPSILONS:
             assert got[(layer, rank_metric(eps))] == reference.epsilon_rank(X, eps)
     # the projections as the blocks apply them, split from the fused in-projection by hand
@@ -50,7 +51,7 @@ def test_ranks_equal_the_reference_on_the_collected_tokens_and_the_attention_wei
         for p, W in weights.items():
             for eps in EPSILONS:
                 assert got[(f"encoder.{i}", rank_metric(eps, p))] == reference.epsilon_rank(W, eps)
-    assert len(probe.records) == 3 * (1 + 3) + 2 * 4 * 3
+    assert len(probe.records) == 3 * (2 + 3) + 2 * 4 * 3
 
 
 def test_the_isotropy_and_rank_probes_read_one_shared_forward_pass(tmp_path):
@@ -151,7 +152,7 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
             assert got[("encoder.1.cross", rank_metric(eps, p))] == reference.epsilon_rank(W, eps)
     assert got[("encoder.1.cross", rank_metric(1e-3, "v"))] == 3
     # the self-attention rows are as they were: 3 layers x (tokens + 3 ε) + 2 blocks x 4 x 3
-    assert len(probe.records) == 3 * (1 + 3) + 2 * 4 * 3 + 4 * 3
+    assert len(probe.records) == 3 * (2 + 3) + 2 * 4 * 3 + 4 * 3
 
     measurement = probe.measure(None, model, {}, epoch=0)
     panels = _flow(measurement.artefacts)
