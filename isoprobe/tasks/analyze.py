@@ -1,13 +1,16 @@
 """``task=analyze``: read a sweep's runs and say whether their geometry tracks forecast error.
 
 Writes to its own run directory: ``study.csv`` / ``study.parquet`` (the tidy table),
+``primary.csv`` (the declared question's tests, :mod:`isoprobe.analysis.family`),
 ``correlations.csv`` (across runs), ``within_run.csv`` and ``within_run_summary.csv`` (over
 epochs, fine-tuning runs), ``forecast_by_setting.csv`` (runs that differ in seed) and
 ``compression.csv`` (``task=compress`` runs), ``geometry_change.csv`` (how far training moved
 the geometry per swept setting), ``selection.csv`` (label-free model selection,
 :mod:`isoprobe.analysis.selection`), ``model_similarity.csv`` and
 ``model_similarity/pair<i>.png`` (model against model,
-:mod:`isoprobe.analysis.model_similarity`), the figures, and ``report.html``; when W&B is
+:mod:`isoprobe.analysis.model_similarity`), the stratified, readout, drift and (with
+``analyze.confirm``) confirmation tables, the figures, and ``report.html``
+(:mod:`isoprobe.analysis.study_report`); when W&B is
 online, the same table and figures go to one W&B run (``job_type=analysis``) grouped with the
 sweep.
 """
@@ -26,41 +29,17 @@ from isoprobe.analysis import figures
 from isoprobe.analysis.correlations import (
     CORRELATION_COLUMNS,
     correlations,
-    groups,
     summarise_within_runs,
     within_runs,
 )
 from isoprobe.analysis.depth import DRIFT, READOUT, drift_against_gain, geometry_against_readout
-from isoprobe.analysis.family import (
-    ALPHA,
-    CORRECTED,
-    DESCRIPTIVE,
-    EXPLORATORY,
-    PRIMARY,
-    REPEAT,
-    UNDEFINED,
-    WITHIN_MODEL,
-    Question,
-    family_counts,
-    findings,
-)
-from isoprobe.analysis.model_similarity import (
-    MIN_WINDOWS,
-    SHUFFLES,
-    ModelPair,
-    best_match,
-    model_pair_matrices,
-    model_similarity,
-)
-from isoprobe.analysis.report import Html, Section, image_html, join, markup, write_sections
+from isoprobe.analysis.family import PRIMARY, Question
+from isoprobe.analysis.model_similarity import MIN_WINDOWS
+from isoprobe.analysis.model_similarity_report import model_against_model
 from isoprobe.analysis.selection import epochs_of_a_run, models_on_a_data_set
-from isoprobe.analysis.statistics import MIN_RUNS
-from isoprobe.analysis.stratified import (
-    Confirmation,
-    confirm_findings,
-    stratified_associations,
-)
+from isoprobe.analysis.stratified import confirm_findings, stratified_associations
 from isoprobe.analysis.study import AnalysisError, Study, load_study
+from isoprobe.analysis.study_report import confirmation_note, write_study_report
 from isoprobe.analysis.tables import forecast_by_setting, geometry_change, swept_settings
 from isoprobe.metrics import metrics_where
 from isoprobe.metrics.plugins import import_plugins
@@ -192,7 +171,7 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
     drawn += extra.pop("figures")
     written += list(extra)
     min_windows = int(options.get("min_shared_windows", MIN_WINDOWS))
-    models = _model_against_model(study, min_windows, output)
+    models = model_against_model(study, min_windows, output)
     if models:
         written.append("model_similarity.csv")
     if not selection.empty:
@@ -204,7 +183,9 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
             "other data sets); constant_within_model: the metric only says which model a run is",
             selection,
         )
-    report = _report(study, table, summary, question, drawn, extra, output, notes, models)
+    report = write_study_report(
+        study, table, summary, question, drawn, extra, output, notes, models
+    )
     _publish_wandb(cfg, table, drawn)
     print(f"\nisoprobe analyze: {len(study.runs)} runs ({len(study.left_out)} left out)")
     for run, why in study.left_out.items():
@@ -261,7 +242,7 @@ def _depth_and_strata(
         held = [confirm] if isinstance(confirm, str | int) else list(confirm)
         confirmation = confirm_findings(study, held, n_perm, seed, question)
         confirmation.table.to_csv(output / "confirmation.csv", index=False)
-        notes.append(_confirmation_note(held, confirmation))
+        notes.append(confirmation_note(held, confirmation))
         found["confirmation.csv"] = (
             f"Exploration/confirmation (held out: runs of {held}): the exploration runs' "
             "findings (q < 0.05 in the question or the scan), each tested once on the held-out "
@@ -270,25 +251,6 @@ def _depth_and_strata(
             confirmation.table,
         )
     return found
-
-
-def _confirmation_note(held: list[Any], confirmation: Confirmation) -> str:
-    """What the exploration/confirmation split found, in one paragraph of plain text."""
-    table = confirmation.table
-    tested = table["untested"].isna()
-    text = (
-        f"Confirmation (held out: runs of {', '.join(map(str, held))}): the exploration runs "
-        f"made {confirmation.explored} corrected tests and found {len(table)}; "
-        f"{int(tested.sum())} were tested on the held-out runs and "
-        f"{int(table['holds'].eq(True).sum())} hold; {int((~tested).sum())} could not be tested "
-        "there (confirmation.csv says why)."
-    )
-    if confirmation.small_groups:
-        text += (
-            " Groups the held-out runs leave too small to reach the level: "
-            f"{', '.join(confirmation.small_groups)}."
-        )
-    return text
 
 
 def _compared_by_forecast(study: Study, output: Path) -> dict[str, Any]:
@@ -353,364 +315,6 @@ def _figures(
         ),
     ]
     return [(path, caption) for path, caption in made if path is not None]
-
-
-def _report(
-    study: Study,
-    table: pd.DataFrame,
-    within: pd.DataFrame,
-    question: Question | None,
-    drawn: list[tuple[Path, str]],
-    extra: dict[str, tuple[str, pd.DataFrame]],
-    output: Path,
-    notes: list[str],
-    models: list[Html],
-) -> Path:
-    """The page, the question first: the opening, the declared question and its answer, the
-    figures, the exploratory scan (labelled as such), the other tables, model against model,
-    and the runs."""
-    forecast = question.forecast if question else None
-    primary = (
-        markup(" Primary forecast metric: <b>{forecast}</b> (lower is better).", forecast=forecast)
-        if forecast
-        else markup(
-            " No run has probe records, so there are no correlations: the tables below "
-            "compare the runs by their forecasts."
-        )
-    )
-    opening = markup(
-        "<p>{n} runs analysed: models {models}, data sets {datasets}.{primary}</p>",
-        n=len(study.runs),
-        models=", ".join(sorted(study.runs["model"].astype(str).unique())),
-        datasets=", ".join(sorted(study.runs["dataset"].astype(str).unique())),
-        primary=primary,
-    )
-    paragraphs: list[Html] = [opening, *_runs_not_in_the_tests(study, forecast)]
-    sections = [Section(None, paragraphs)]
-    if question is not None:
-        sections.append(_the_question(table, question))
-    if drawn:
-        sections.append(Section("Figures", (), drawn))
-    if question is not None:
-        sections.append(_the_scan(study, table, forecast))
-    further = [markup("<p class='note'>{note}</p>", note=note) for note in notes]
-    if extra or further:
-        sections.append(Section("Further tables", further, (), list(extra.values())))
-    if models:
-        sections.append(Section(None, models))
-    tables = [("Runs", study.runs)]
-    if not within.empty:
-        tables.append(("Within runs: trajectory against validation error", within))
-    sections.append(Section("Runs", (), (), tables))
-    return write_sections(output / "report.html", "isoprobe analysis", sections)
-
-
-def _runs_not_in_the_tests(study: Study, forecast: str | None) -> list[Html]:
-    """Runs without probe records, runs left out (wholly or in part), paths with no run."""
-    paragraphs = []
-    if study.unprobed and forecast:
-        paragraphs.append(
-            markup(
-                "<p>{n} runs without probe records are in the tables, not in the correlations: "
-                "{runs}.</p>",
-                n=len(study.unprobed),
-                runs=", ".join(study.unprobed),
-            )
-        )
-    if study.left_out:
-        listed = join(
-            markup("<li>{run}: {why}</li>", run=run, why=why) for run, why in study.left_out.items()
-        )
-        paragraphs.append(
-            markup(
-                "<p>{n} runs left out:</p><ul>{listed}</ul>", n=len(study.left_out), listed=listed
-            )
-        )
-    return paragraphs + _partly_left_out(study)
-
-
-#: the columns of the question's table in the report
-QUESTION_COLUMNS = [
-    "group",
-    "n",
-    "spearman",
-    "spearman_lo",
-    "spearman_hi",
-    "p_value",
-    "q_value",
-    "family",
-    "undefined",
-]
-
-
-def _the_question(table: pd.DataFrame, question: Question) -> Section:
-    """The declared question, its tests and its answer (:mod:`isoprobe.analysis.family`)."""
-    asked = table[question.asks(table)]
-    combined = asked[asked["group"] == WITHIN_MODEL]
-    if combined.empty or combined["family"].iloc[0] == UNDEFINED:
-        why = combined["undefined"].iloc[0] if len(combined) else "the study lacks the metric"
-        answer = markup("<p><b>No answer within model</b>: {why}.</p>", why=why)
-    else:
-        row = combined.iloc[0]
-        verdict = (
-            "an association at the 0.05 level"
-            if row["q_value"] < ALPHA
-            else "no evidence of an association at the 0.05 level"
-        )
-        answer = markup(
-            "<p><b>Within model: ρ = {rho:.3f}</b> over {n} runs (p = {p:.3g}, q = {q:.3g}): "
-            "{verdict}. ρ &gt; 0: within a model, runs with a larger {metric} forecast worse."
-            "</p>",
-            rho=float(row["spearman"]),
-            n=int(row["n"]),
-            p=float(row["p_value"]),
-            q=float(row["q_value"]),
-            verdict=verdict,
-            metric=question.metric,
-        )
-    explained = markup(
-        "<p class='note'>The study's declared question, the papers' own: {asked} Its tests "
-        "were fixed before any run was read: the {metric} of the {layer} block against "
-        "{forecast}, in each model with enough runs to reach the 0.05 level, and within model "
-        "(Spearman's ρ inside each model, combined weighted by runs; p by permuting inside "
-        "each model). Their Benjamini–Hochberg q-values are taken over these {k} tests alone "
-        "(primary.csv).</p>",
-        asked=question.describe(),
-        metric=question.metric,
-        layer=question.layer,
-        forecast=question.forecast,
-        k=int((asked["family"] == PRIMARY).sum()),
-    )
-    return Section(
-        f"The question: {question.describe()}",
-        [explained, answer],
-        (),
-        [("The question's tests", asked[QUESTION_COLUMNS])],
-    )
-
-
-def _the_scan(study: Study, table: pd.DataFrame, forecast: str) -> Section:
-    """The exploratory scan: what its family holds, and its findings."""
-    scan = table[table["family"] == EXPLORATORY]
-    found = findings(scan)
-    shown = (found if len(found) else scan).drop(columns=["undefined", "repeats"])
-    shown = shown.sort_values("q_value").head(500)
-    heading = (
-        f"The scan's findings: the {len(found)} exploratory tests with q < {ALPHA}"
-        if len(found)
-        else f"No exploratory test reaches q < {ALPHA}: the 500 lowest q-values"
-    )
-    return Section(
-        "Exploration: every other metric, layer, forecast and group (hypotheses, not answers)",
-        _reading_correlations(study, table),
-        (),
-        [(f"{heading} (all tests, every forecast metric, in correlations.csv)", shown)],
-    )
-
-
-#: at most this many model pairs get a heatmap in the report (the rest: model_similarity.csv)
-MAX_MODEL_PAIR_FIGURES = 28
-
-
-def _model_against_model(study: Study, min_windows: int, output: Path) -> list[Html]:
-    """``model_similarity.csv`` and, per pair of models, a heatmap; the report's section on
-    them (nothing when no run saved window means)."""
-    table = model_similarity(study, min_windows)
-    if table.empty:
-        return []
-    table.to_csv(output / "model_similarity.csv", index=False)
-    pairs = model_pair_matrices(table, study.runs)
-    section = [
-        markup(
-            "<h2>Model against model</h2><p class='note'>Debiased linear CKA of every layer of "
-            "one run against every layer of another run on the same data, on the probe "
-            "windows both saved (each window's mean real token per layer, so that models of "
-            "any tokenisation meet on the same windows; at least {min_windows} shared). 1: "
-            "the same representation up to rotation, scale and shift. Per pair of models: "
-            "the mean over their run pairs with the same seed (every run pair where no seed "
-            "is shared). A closest layer is named only above the noise floor: the highest "
-            "CKA of any layer pair with one run's windows shuffled ({shuffles} shuffles). "
-            "All values: model_similarity.csv.</p>",
-            min_windows=min_windows,
-            shuffles=SHUFFLES,
-        )
-    ]
-    lines = [_pair_line(pair) for pair in pairs]
-    if lines:
-        section.append(markup("<ul>{lines}</ul>", lines=join(lines)))
-    section += _notes(table)
-    directory = output / "model_similarity"
-    directory.mkdir(exist_ok=True)
-    for i, pair in enumerate(pairs[:MAX_MODEL_PAIR_FIGURES]):
-        path = figures.model_pair(pair, directory / f"pair{i}.png")
-        if path is not None:
-            section.append(image_html(path, f"{pair.model_a} against {pair.model_b}"))
-    if len(pairs) > MAX_MODEL_PAIR_FIGURES:
-        section.append(
-            markup(
-                "<p>{n} more pairs of models, not drawn: model_similarity.csv holds them.</p>",
-                n=len(pairs) - MAX_MODEL_PAIR_FIGURES,
-            )
-        )
-    return section
-
-
-def _notes(table: pd.DataFrame) -> list[Html]:
-    """The notes of model_similarity.csv, each with its count of rows: those of rows without a
-    value, then those of values computed without some windows."""
-    section = []
-    headings = {
-        True: "Without a value (NaN in the CSV):",
-        False: "With a value computed on fewer windows:",
-    }
-    for undefined, heading in headings.items():
-        rows = table[table["cka"].isna() == undefined]
-        notes = rows.loc[rows["note"].fillna("") != "", "note"].value_counts()
-        if len(notes):
-            listed = join(
-                markup("<li>{why}: {n} rows</li>", why=why, n=int(n)) for why, n in notes.items()
-            )
-            section.append(
-                markup("<p>{heading}</p><ul>{listed}</ul>", heading=heading, listed=listed)
-            )
-    return section
-
-
-def _pair_line(pair: ModelPair) -> Html:
-    """One model pair: the layer of B closest to A's last layer at each distinct epoch kind
-    (one for zero-shot pairs), or that none is above the pair's noise floor."""
-    found = []
-    for kind in pair.distinct_kinds():
-        when = "zero-shot" if pair.zero_shot else figures.EPOCH_KIND_TITLES[kind]
-        match = best_match(pair, kind)
-        if match is not None:
-            found.append(
-                markup(
-                    "{when}: {layer} (CKA {value:.3f}, noise floor {floor:.3f})",
-                    when=when,
-                    layer=match[1],
-                    value=match[2],
-                    floor=pair.floors[kind],
-                )
-            )
-        elif pair.matrices[kind].iloc[-1].notna().any():
-            found.append(
-                markup(
-                    "{when}: none above the noise floor ({floor:.3f})",
-                    when=when,
-                    floor=pair.floors[kind],
-                )
-            )
-    last = pair.matrices[next(iter(pair.matrices))].index[-1]
-    return markup(
-        "<li>{a} against {b} ({n} run pair{plural}): the layer of {b} closest to {a}'s last layer "
-        "{last}, {found}</li>",
-        a=pair.model_a,
-        b=pair.model_b,
-        n=pair.run_pairs,
-        plural="s" if pair.run_pairs > 1 else "",
-        last=last,
-        found=join(found, "; ") if found else "none defined",
-    )
-
-
-def _partly_left_out(study: Study) -> list[Html]:
-    """The runs kept but left out of some tests, and the paths that matched no run."""
-    paragraphs = []
-    if study.partly_left_out:
-        listed = join(
-            markup("<li>{run}: {why}</li>", run=run, why=why)
-            for run, why in study.partly_left_out.items()
-        )
-        paragraphs.append(
-            markup(
-                "<p>{n} runs left out of some tests:</p><ul>{listed}</ul>",
-                n=len(study.partly_left_out),
-                listed=listed,
-            )
-        )
-    if study.unmatched:
-        listed = join(markup("<li>{path}</li>", path=path) for path in study.unmatched)
-        paragraphs.append(
-            markup(
-                "<p>Paths of analyze.runs that match no run:</p><ul>{listed}</ul>", listed=listed
-            )
-        )
-    return paragraphs
-
-
-def _reading_correlations(study: Study, table: pd.DataFrame) -> list[Html]:
-    """How to read the scan, what its family holds, and the tests outside it and why (none of
-    them is in the Benjamini–Hochberg correction or among the findings)."""
-    counts = family_counts(table)
-    defined = table["family"] != UNDEFINED
-    reasons = table.loc[~defined, "undefined"].value_counts()
-    paragraphs = [
-        markup(
-            "<p class='note'>How to read ρ: Spearman's rank correlation across runs between a "
-            "geometry metric (measured on the weights that made the forecast) and the forecast "
-            "error. ρ &gt; 0: runs with a larger value forecast worse. The interval is a 95% "
-            "percentile bootstrap over runs; an interval that spans 0 does not show an "
-            "association. The scan's family holds <b>{scan} tests</b> (metric × layer × "
-            "forecast metric × group), corrected together by Benjamini–Hochberg apart from the "
-            "question's {primary}: some will look significant by chance, so read "
-            "<code>q_value</code>, not <code>p_value</code>, and treat what the scan finds as a "
-            "hypothesis to test on new runs (analyze.confirm). Groups that pool several models "
-            "compare layers by depth (embed, the first, middle and last block, the mean over "
-            "blocks), never by name: a layer name means different things in different "
-            "architectures.</p>",
-            scan=counts[EXPLORATORY],
-            primary=counts[PRIMARY],
-        ),
-        markup(
-            "<p>Outside the family (column <code>family</code> of correlations.csv): "
-            "{descriptive} descriptive tests, whose runs are too few for any outcome to reach "
-            "the 0.05 level (the smallest permutation p of n runs is 2/n!, 0.083 for 4), so "
-            "they describe and are never findings; {repeats} repeats of a test already counted "
-            "(the same runs, metric values and forecast values, such as final_* where it equals "
-            "after_* or before_*; column <code>repeats</code> names the original); {undefined} "
-            "tests with no answer.</p>",
-            descriptive=counts[DESCRIPTIVE],
-            repeats=counts[REPEAT],
-            undefined=counts[UNDEFINED],
-        ),
-    ]
-    small = sorted(
-        set(table.loc[table["family"] == DESCRIPTIVE, "group"].astype(str))
-        - set(table.loc[table["family"].isin(CORRECTED), "group"].astype(str))
-    )
-    if small:
-        paragraphs.append(
-            markup(
-                "<p>Groups too small to reach the level, so descriptive only: {groups}.</p>",
-                groups=", ".join(small),
-            )
-        )
-    if len(reasons):
-        listed = join(
-            markup("<li>{reason}: {count}</li>", reason=reason, count=int(count))
-            for reason, count in reasons.items()
-        )
-        paragraphs.append(
-            markup(
-                "<p>Tests with no answer have no p-value, no q-value and no place among the "
-                "findings (the column <code>undefined</code> says why). A constant metric or "
-                "forecast has no rank correlation; a measure of the weights alone is not "
-                "tested across runs that share their weights, which are one observation of it, "
-                "in any table:</p><ul>{listed}</ul>",
-                listed=listed,
-            )
-        )
-    tiny = sorted(group for group, members in groups(study).items() if len(members) < MIN_RUNS)
-    if tiny:
-        paragraphs.append(
-            markup(
-                "<p>No ρ for groups with fewer than {min_runs} runs: {groups}.</p>",
-                min_runs=MIN_RUNS,
-                groups=", ".join(tiny),
-            )
-        )
-    return paragraphs
 
 
 def _publish_wandb(cfg: DictConfig, table: pd.DataFrame, drawn: list[tuple[Path, str]]) -> None:

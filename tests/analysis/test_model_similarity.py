@@ -22,9 +22,9 @@ from isoprobe.analysis.model_similarity import (
     model_pair_matrices,
     model_similarity,
 )
+from isoprobe.analysis.model_similarity_report import pair_line
 from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics import reference
-from isoprobe.tasks.analyze import _pair_line
 from tests.analysis.probed_runs import analyse, probed_run
 
 LAYERS = ("embed", "encoder.0", "encoder.1")
@@ -275,7 +275,7 @@ def test_a_zero_shot_pair_is_one_panel_and_one_reading(tmp_path, monkeypatch):
     panels = [[ax for ax in fig.axes if ax.images] for fig in kept]
     assert [len(p) for p in panels] == [1, 2]
     assert panels[0][0].get_title().startswith(figures.ZERO_SHOT_TITLE)
-    line = str(_pair_line(zero_shot))
+    line = str(pair_line(zero_shot))
     assert line.count("zero-shot: encoder.1 (CKA 1.000") == 1 and "last probe" not in line
 
 
