@@ -283,15 +283,6 @@ class ForecastModule(L.LightningModule, ABC):
             return self.self_attention_module(layer.stack, layer.index)
         return self.stack_blocks(layer.stack)[layer.index]
 
-    def layer_identity(self, name: str) -> Layer:
-        """The :class:`~isoprobe.models.layers.Layer` of a layer of either probe site named
-        ``name``; KeyError for a name no site has."""
-        for site in PROBE_SITES:
-            identities = self.probe_layer_identities(site)
-            if name in identities:
-                return identities[name]
-        raise KeyError(name)
-
     @abstractmethod
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Layer name -> bool mask of the positions of its output that are real tokens, of the
@@ -409,13 +400,17 @@ class ForecastModule(L.LightningModule, ABC):
             floats += 3 * sum(p.numel() for p in self.parameters() if p.requires_grad)
         return floats
 
-    def check_layer_names(self, layers: Iterable[str], model_name: str) -> None:
-        """Raise KeyError naming the first of ``layers`` that no probe site has (``model_name``,
-        such as ``Chronos-T5``, says whose layer it is), and the names that exist."""
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
+    def identify_layers(self, layers: Iterable[str], model_name: str) -> dict[str, Layer]:
+        """Each of ``layers`` (names of either probe site) -> its
+        :class:`~isoprobe.models.layers.Layer`; a KeyError names the first that no probe site
+        has (``model_name``, such as ``Chronos-T5``, says whose layer it is) and the names that
+        exist."""
+        layers = list(layers)
+        known = {**self.probe_layer_identities(), **self.probe_layer_identities("attention")}
         for name in layers:
             if name not in known:
-                raise KeyError(f"unknown {model_name} layer {name!r}; known: {known}")
+                raise KeyError(f"unknown {model_name} layer {name!r}; known: {list(known)}")
+        return {name: known[name] for name in layers}
 
     def probe_forward(self, batch: Batch) -> None:
         """The forward pass during which the probe's hooks capture representations."""

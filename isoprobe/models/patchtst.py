@@ -174,10 +174,10 @@ class PatchTSTModule(ForecastModule):
         left padding): [B, C, P] for the embedding and the blocks, [B C, P] for the attention
         sub-layers (the model folds channels into the batch there)."""
         patches = self._patch_observed(batch["context"])
-        layers = list(layers)
-        self.check_layer_names(layers, "PatchTST")
+        identities = self.identify_layers(layers, "PatchTST")
         return {
-            name: patches if name.endswith(".attn") else patches.unsqueeze(1) for name in layers
+            name: patches if layer.site == "attention" else patches.unsqueeze(1)
+            for name, layer in identities.items()
         }
 
     def input_modules(self) -> list[nn.Module]:

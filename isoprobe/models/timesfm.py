@@ -281,7 +281,7 @@ class TimesFmModule(ForecastModule):
         patches = padding.view(len(padding), -1, self.model.config.patch_length)
         real = ~patches.bool().all(dim=-1)
         layers = list(layers)
-        self.check_layer_names(layers, "TimesFM")
+        self.identify_layers(layers, "TimesFM")
         return {name: real for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

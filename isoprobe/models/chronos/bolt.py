@@ -258,9 +258,11 @@ class ChronosBoltModule(ForecastModule):
         if self.model.chronos_config.use_reg_token:
             encoder = torch.cat([patches, torch.zeros_like(patches[:, :1])], dim=1)
         decoder = patches.any(dim=1, keepdim=True)
-        layers = list(layers)
-        self.check_layer_names(layers, "Chronos-Bolt")
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        identities = self.identify_layers(layers, "Chronos-Bolt")
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
     def input_modules(self) -> list[nn.Module]:
         """The patch embedding (a residual MLP) and the REG/decoder-start embedding."""

@@ -239,7 +239,7 @@ class Chronos2Module(ForecastModule):
         special = int(self.model.chronos_config.use_reg_token) + self._output_patches()
         encoder = torch.cat([patches, patches.new_zeros(patches.shape[0], special)], dim=1)
         layers = list(layers)
-        self.check_layer_names(layers, "Chronos-2")
+        self.identify_layers(layers, "Chronos-2")
         return {name: encoder for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

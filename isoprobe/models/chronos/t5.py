@@ -328,9 +328,11 @@ class ChronosT5Module(ForecastModule):
         _, target_mask = self._tokenize_target(batch, scale)
         start = torch.zeros_like(target_mask[:, :1])
         decoder = torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
-        layers = list(layers)
-        self.check_layer_names(layers, "Chronos-T5")
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        identities = self.identify_layers(layers, "Chronos-T5")
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
 
 def _load(

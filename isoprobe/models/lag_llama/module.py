@@ -232,7 +232,7 @@ class LagLlamaModule(ForecastModule):
         step's value was observed (not left padding, not missing). The same for every layer."""
         _, observed, _, _, _ = self._teacher_forced(batch)
         layers = list(layers)
-        self.check_layer_names(layers, "Lag-Llama")
+        self.identify_layers(layers, "Lag-Llama")
         return {name: observed for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

@@ -228,11 +228,9 @@ class LlmModule(PromptEncoding, ForecastModule):
             decoder_mask = torch.cat([start, self._writing_values(decoder)[:, :-1]], dim=1)
         else:
             encoder_mask = decoder_mask = self._writing_values(self.encode_context(batch)[0])
-        layers = list(layers)
-        self.check_layer_names(layers, "LLM")
         masks = {}
-        for name in layers:
-            reads_target = self.arch == "t5" and name.startswith("decoder.")
+        for name, layer in self.identify_layers(layers, "LLM").items():
+            reads_target = self.arch == "t5" and layer.stack == "decoder"
             masks[name] = decoder_mask if reads_target else encoder_mask
         return masks
 
@@ -244,7 +242,7 @@ class LlmModule(PromptEncoding, ForecastModule):
         if self.arch == "t5":
             return self.token_masks(batch, layers)
         layers = list(layers)
-        self.check_layer_names(layers, "LLM")
+        self.identify_layers(layers, "LLM")
         real = self._writing_values(self.encode_training(batch))
         return {name: real for name in layers}
 

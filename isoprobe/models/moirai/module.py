@@ -283,7 +283,7 @@ class MoiraiForecastModule(ForecastModule):
         packed = self.pack(batch["context"])
         real = packed.observed.any(dim=-1) & ~packed.prediction
         layers = list(layers)
-        self.check_layer_names(layers, "Moirai")
+        self.identify_layers(layers, "Moirai")
         return {name: real for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

@@ -199,7 +199,7 @@ class TimeMoeModule(ForecastModule):
         """One token per context step in every layer; it is real exactly when its step is
         observed."""
         layers = list(layers)
-        self.check_layer_names(layers, "Time-MoE")
+        self.identify_layers(layers, "Time-MoE")
         real = batch["context"].isfinite()
         return {name: real for name in layers}
 

@@ -158,8 +158,7 @@ class VisionTSModule(ForecastModule):
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """``[B, 1 + V]`` for ``embed`` and the encoder, ``[B, 1 + (S / p)^2]`` for the decoder:
         True at the visible patches that read an observed step (module docstring)."""
-        layers = list(layers)
-        self.check_layer_names(layers, "VisionTS")
+        identities = self.identify_layers(layers, "VisionTS")
         context = batch["context"]
         patches = visible_patches_observed(context, self.layout).flatten(1)
         batch_size = context.shape[0]
@@ -169,7 +168,10 @@ class VisionTSModule(ForecastModule):
         every = patches.new_zeros(batch_size, grid**2)
         every[:, self.mae.visible_positions(self.layout.visible_columns)] = patches
         decoder = torch.cat([no_cls, every], dim=1)
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every encoder then decoder block's ``q``, ``k``, ``v`` (the published fused ``qkv``
