@@ -24,8 +24,6 @@ metric's trajectory over epochs against the validation error, per run.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -45,6 +43,7 @@ from isoprobe.analysis.statistics import (
 )
 from isoprobe.analysis.study import Study
 from isoprobe.metrics import metrics_where
+from isoprobe.models.layers import is_block
 
 CORRELATION_COLUMNS = (
     "metric",
@@ -62,8 +61,6 @@ CORRELATION_COLUMNS = (
     "repeats",
     "undefined",
 )
-#: a block of a stack: ``encoder.3``, ``decoder.0``, ``blocks.11`` (not ``embed``, not sites)
-BLOCK = re.compile(r"^[A-Za-z_]+\.\d+$")
 #: the layer choices that mean the same in every architecture (module docstring)
 DEPTH_CHOICES = ("first", "middle", "last", "mean")
 ACROSS_MODELS = ("embed", *DEPTH_CHOICES)
@@ -92,7 +89,7 @@ def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
     )
     order = {layer: i for i, layer in enumerate(pd.unique(table["layer"]))}
     layers = pd.Series(pd.unique(at["layer"]))
-    block_names = set(layers[layers.astype(str).str.fullmatch(BLOCK.pattern)])
+    block_names = set(filter(is_block, layers.astype(str)))
     blocks = at[at["layer"].isin(block_names)]
     if len(blocks):
         rank = blocks["layer"].map(order)

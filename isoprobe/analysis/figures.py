@@ -22,13 +22,13 @@ import pandas as pd  # noqa: E402
 
 from isoprobe.analysis.correlations import (  # noqa: E402
     ACROSS_MODELS,
-    BLOCK,
     PAIRED_PROBE,
     geometry_at,
 )
 from isoprobe.analysis.model_similarity import ModelPair  # noqa: E402
 from isoprobe.analysis.study import Study  # noqa: E402
 from isoprobe.metrics.rank import TOKEN_WIDTH, token_rank_epsilon  # noqa: E402
+from isoprobe.models.layers import is_block, parse_layer  # noqa: E402
 
 #: at most this many lines are told apart one colour each (compression); beyond, per model
 MAX_LINES_APART = 10
@@ -337,7 +337,7 @@ def _relative_ranks(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     and the models left out because their runs recorded no width."""
     epsilon = table["metric"].map(token_rank_epsilon)
     rank = table[(table["probe"] == "rank") & (table["epoch"] == 0)]
-    blocks = rank[rank["layer"].astype(str).str.fullmatch(BLOCK.pattern)]
+    blocks = rank[rank["layer"].astype(str).map(is_block).astype(bool)]
     part = blocks[epsilon.loc[blocks.index].notna()]
     widths = blocks[blocks["metric"] == TOKEN_WIDTH].set_index(["run", "layer"])["value"]
     width = pd.Series(
@@ -346,7 +346,7 @@ def _relative_ranks(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     )
     part = part.assign(
         model=part["model"].astype(str),
-        stack=part["layer"].str.split(".").str[0],
+        stack=part["layer"].astype(str).map(lambda name: parse_layer(name)[0]),
         rank_ratio=part["value"] / width,
     )
     missing = part.groupby("model")["rank_ratio"].apply(lambda r: r.isna().all())

@@ -8,7 +8,15 @@ the model contract, every part of which ``tests/models/test_contract.py`` checks
 
 - :meth:`loss` (its own training objective) and :meth:`forecast` (quantiles in the batch's
   scale);
-- :meth:`probe_layers` per probe site, :meth:`token_masks` (which positions are real tokens, for
+- its facts, class attributes every wrapper declares in its own class body: :attr:`samples`
+  (whether it forecasts by drawing sample paths), :attr:`lagged` (whether its tokens carry lag
+  features) and :attr:`stacks` (its stacks of blocks in the order it runs them). A fact its
+  configuration decides (PatchTST's ``loss``, the LLM's ``arch``) is declared for the
+  default configuration and set again on the instance in ``__init__``;
+- :meth:`embed_module`, :meth:`stack_blocks` and :meth:`self_attention_module`, from which the
+  contract builds :meth:`probe_layers` per probe site and :meth:`probe_layer_identities`
+  (each layer's stack, index, depth and site as a :class:`~isoprobe.models.layers.Layer`);
+  :meth:`token_masks` (which positions are real tokens, for
   all probed layers at once), :meth:`probe_forward` (one pass that runs every probed module
   exactly once) and :meth:`training_token_masks` (the same tokens among the positions of
   :meth:`loss`'s forward, which the isotropy regulariser penalises);
@@ -66,9 +74,12 @@ What the contract requires of these methods (each point a test of the contract):
   the same order: the regulariser penalises the tokens the probe measures. The default,
   :meth:`token_masks` itself, holds where the loss's first pass reads the positions the probe
   pass does; a loss that reads more (GPT-2's context followed by its target) overrides it.
-- **Samples.** A model that forecasts by sampling (a ``num_samples`` argument) returns
+- **Samples.** A model that declares :attr:`samples` (a ``num_samples`` argument) returns
   ``Forecast.samples`` [B, num_samples, H], and its quantiles are those samples' empirical
-  quantiles.
+  quantiles; one that does not returns no samples.
+- **Lags.** A model that declares :attr:`lagged` has tokens at missing steps that still carry
+  observed values (its lags'); one that does not carries observed values exactly in the tokens
+  :meth:`token_masks` marks real.
 - **Memory.** Each estimate lies within a factor of 4 of the peak it estimates, measured on the
   CPU (the weights plus the resident memory one step or one forecast adds).
 - **What each method names is what the model runs.** Within a stack, block ``i`` runs before
@@ -104,6 +115,9 @@ from transformers.pytorch_utils import Conv1D
 
 from isoprobe.evaluation import ForecastMetrics
 from isoprobe.models.checkpoints import ResolvedCheckpoint
+from isoprobe.models.layers import EMBED, Layer, stack_layers
+from isoprobe.models.layers import PROBE_SITES as PROBE_SITES
+from isoprobe.models.layers import check_probe_site as check_probe_site
 
 Batch = dict[str, Tensor]
 DEFAULT_QUANTILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -148,8 +162,6 @@ class Forecast:
         return Forecast(undo(self.quantiles), self.levels, undo(self.median), samples)
 
 
-#: where a probe reads the representations (see :meth:`ForecastModule.probe_layers`)
-PROBE_SITES = ("block", "attention")
 #: the projections of a self-attention sub-layer (see :meth:`ForecastModule.attention_weights`)
 ATTENTION_PROJECTIONS = ("q", "k", "v", "o")
 #: the suffix that names a block's cross-attention in records (see :func:`cross_name`)
@@ -158,11 +170,6 @@ CROSS_SUFFIX = ".cross"
 LINEAR_TYPES = (nn.Linear, Conv1D)
 #: constructor arguments that are code, not settings: kept out of the saved hyperparameters
 _NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
-
-
-def check_probe_site(site: str) -> None:
-    if site not in PROBE_SITES:
-        raise ValueError(f"probe site must be one of {PROBE_SITES}, got {site!r}")
 
 
 def cross_name(block: str) -> str:
@@ -222,13 +229,59 @@ class ForecastModule(L.LightningModule, ABC):
     def forecast(self, batch: Batch) -> Forecast:
         """Forecasts of ``batch['target']`` from ``batch['context']``, in the batch's scale."""
 
+    #: whether :meth:`forecast` draws ``num_samples`` sample paths and summarises them by
+    #: their empirical quantiles (``Forecast.samples`` set), not forecasting quantiles directly
+    samples: bool
+    #: whether a token also carries earlier steps' values as lag features, read from beyond
+    #: the context's own step (Lag-Llama): such a token at a missing step still carries
+    #: observed values (see "Real tokens" in the module docstring)
+    lagged: bool
+    #: the model's stacks of blocks, in the order it runs them (``("encoder", "decoder")``);
+    #: :meth:`stack_blocks` gives each one's blocks
+    stacks: tuple[str, ...]
+
     @abstractmethod
+    def embed_module(self) -> nn.Module:
+        """The module whose output (or its first element) is ``embed``, the first block's
+        input (the contract's "``embed``")."""
+
+    @abstractmethod
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        """The blocks of ``stack`` (of :attr:`stacks`) in the order they run: modules whose
+        output (or its first element) is the block's output, the residual stream."""
+
+    @abstractmethod
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """The module whose output (or its first element) is block ``index`` of ``stack``'s
+        self-attention sub-layer output, after its output projection and before the residual
+        add."""
+
+    def probe_layer_identities(self, site: str = "block") -> dict[str, Layer]:
+        """Layer name -> its :class:`~isoprobe.models.layers.Layer` (stack, index, depth in
+        its stack, site), for every layer :meth:`probe_layers` names, in the same order."""
+        check_probe_site(site)
+        sizes = {stack: len(self.stack_blocks(stack)) for stack in self.stacks}
+        return {layer.name: layer for layer in stack_layers(sizes, site)}
+
     def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
         """Layer name -> module whose output (or its first element) is that layer's
-        representation [B, T, D]. ``site`` (:data:`PROBE_SITES`): ``block``, every block's
-        output (the residual stream; names ``embed``, ``encoder.<i>``, ``decoder.<i>``), or
-        ``attention``, every self-attention sub-layer's output after its output projection and
-        before the residual add (names ``<block>.attn``), where the isotropy paper's code reads."""
+        representation [B, T, D]. ``site`` (:data:`PROBE_SITES`): ``block``, ``embed``
+        (:meth:`embed_module`) and every block's output (the residual stream; names
+        ``<stack>.<i>`` for each of :attr:`stacks`), or ``attention``, every self-attention
+        sub-layer's output after its output projection and before the residual add (names
+        ``<stack>.<i>.attn``, :meth:`self_attention_module`), where the isotropy paper's code
+        reads. Built from the model's declared stacks (:meth:`probe_layer_identities`)."""
+        return {
+            name: self._probed_module(layer)
+            for name, layer in self.probe_layer_identities(site).items()
+        }
+
+    def _probed_module(self, layer: Layer) -> nn.Module:
+        if layer.stack == EMBED:
+            return self.embed_module()
+        if layer.site == "attention":
+            return self.self_attention_module(layer.stack, layer.index)
+        return self.stack_blocks(layer.stack)[layer.index]
 
     @abstractmethod
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
@@ -347,13 +400,17 @@ class ForecastModule(L.LightningModule, ABC):
             floats += 3 * sum(p.numel() for p in self.parameters() if p.requires_grad)
         return floats
 
-    def check_layer_names(self, layers: Iterable[str], model_name: str) -> None:
-        """Raise KeyError naming the first of ``layers`` that no probe site has (``model_name``,
-        such as ``Chronos-T5``, says whose layer it is), and the names that exist."""
-        known = [*self.probe_layers(), *self.probe_layers("attention")]
+    def identify_layers(self, layers: Iterable[str], model_name: str) -> dict[str, Layer]:
+        """Each of ``layers`` (names of either probe site) -> its
+        :class:`~isoprobe.models.layers.Layer`; a KeyError names the first that no probe site
+        has (``model_name``, such as ``Chronos-T5``, says whose layer it is) and the names that
+        exist."""
+        layers = list(layers)
+        known = {**self.probe_layer_identities(), **self.probe_layer_identities("attention")}
         for name in layers:
             if name not in known:
-                raise KeyError(f"unknown {model_name} layer {name!r}; known: {known}")
+                raise KeyError(f"unknown {model_name} layer {name!r}; known: {list(known)}")
+        return {name: known[name] for name in layers}
 
     def probe_forward(self, batch: Batch) -> None:
         """The forward pass during which the probe's hooks capture representations."""

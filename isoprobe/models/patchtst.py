@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import PatchTSTConfig, PatchTSTForPrediction
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import (
     CheckpointError,
     check_weights_fit,
@@ -63,6 +63,11 @@ class PatchTSTModule(ForecastModule):
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
 
+    #: the default ``loss=mse``'s (a point forecast); ``__init__`` sets ``loss=nll``'s
+    samples = False
+    lagged = False
+    stacks = ("encoder",)
+
     def __init__(
         self,
         checkpoint: str = "scratch",
@@ -84,6 +89,7 @@ class PatchTSTModule(ForecastModule):
                 f"got {distribution_output!r}"
             )
         self.num_samples = int(num_samples)
+        self.samples = loss == "nll"
         self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         head = {"loss": loss, "distribution_output": distribution_output}
         if self.resolved_checkpoint.kind == "scratch":
@@ -151,27 +157,27 @@ class PatchTSTModule(ForecastModule):
         samples = self._distribution(output).sample((self.num_samples,))[..., 0].transpose(0, 1)
         return Forecast.from_samples(samples, self.quantile_levels)
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed``: the patch embedding plus positional encoding [B, C, P, D]; ``encoder.<i>``:
-        every encoder layer [B, C, P, D]; ``encoder.<i>.attn``: its self-attention output after
-        ``out_proj``, before the residual add, [B C, P, D]."""
-        check_probe_site(site)
-        encoder = self.model.model.encoder
-        if site == "attention":
-            return {f"encoder.{i}.attn": layer.self_attn for i, layer in enumerate(encoder.layers)}
-        layers: dict[str, nn.Module] = {"embed": encoder.positional_encoder}
-        layers.update({f"encoder.{i}": layer for i, layer in enumerate(encoder.layers)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The patch embedding plus positional encoding [B, C, P, D]; the blocks are
+        [B, C, P, D] too, their attention sub-layers (after ``out_proj``, before the residual
+        add) [B C, P, D]."""
+        return self.model.model.encoder.positional_encoder
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.model.model.encoder.layers
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        return self.model.model.encoder.layers[index].self_attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens are the patches that hold an observed value (not all-NaN patches such as
         left padding): [B, C, P] for the embedding and the blocks, [B C, P] for the attention
         sub-layers (the model folds channels into the batch there)."""
         patches = self._patch_observed(batch["context"])
-        layers = list(layers)
-        self.check_layer_names(layers, "PatchTST")
+        identities = self.identify_layers(layers, "PatchTST")
         return {
-            name: patches if name.endswith(".attn") else patches.unsqueeze(1) for name in layers
+            name: patches if layer.site == "attention" else patches.unsqueeze(1)
+            for name, layer in identities.items()
         }
 
     def input_modules(self) -> list[nn.Module]:

@@ -21,7 +21,6 @@ TimesFM's decoding steps) at the positions the model's ``training_token_masks`` 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -30,8 +29,6 @@ import torch
 from torch import Tensor
 
 PENALTIES = ("cos_inter", "covariance")
-#: a block of a stack: ``encoder.3``, ``decoder.0``, ``blocks.11``
-BLOCK = re.compile(r"^(?P<stack>[A-Za-z_]+)\.(?P<index>\d+)$")
 
 
 def cos_inter_penalty(x: Tensor) -> Tensor:
@@ -75,16 +72,13 @@ class IsotropyRegularizer:
 
     def layer_names(self, model) -> list[str]:
         if self.layers != "last":
-            model.check_layer_names(self.layers, type(model).__name__)
+            model.identify_layers(self.layers, type(model).__name__)
             return list(self.layers)
-        last: dict[str, tuple[int, str]] = {}
-        for name in model.probe_layers("block"):
-            match = BLOCK.match(name)
-            if match:
-                index = int(match["index"])
-                if index >= last.get(match["stack"], (-1, ""))[0]:
-                    last[match["stack"]] = (index, name)
-        return [name for _, name in last.values()]
+        last: dict[str, str] = {}
+        for layer in model.probe_layer_identities("block").values():
+            if layer.is_block:
+                last[layer.stack] = layer.name  # blocks come in order: the last one stays
+        return list(last.values())
 
     @contextmanager
     def capture(self, model) -> Iterator[dict[str, Tensor]]:

@@ -16,7 +16,7 @@ import copy
 import logging
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,6 @@ from isoprobe.models.base import (
     Batch,
     Forecast,
     ForecastModule,
-    check_probe_site,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -152,6 +151,10 @@ class TimesFmModule(ForecastModule):
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, freq, ...).
     """
 
+    samples = False
+    lagged = False
+    stacks = ("decoder",)
+
     def __init__(
         self,
         checkpoint: str = "auto",
@@ -258,14 +261,17 @@ class TimesFmModule(ForecastModule):
         runs exactly once even when the horizon takes several steps."""
         self._decode_once(*self._inputs(batch["context"]))
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        check_probe_site(site)
-        decoder = self.model.decoder
-        if site == "attention":  # TimesFmAttention returns (output after o_proj, weights)
-            return {f"decoder.{i}.attn": layer.self_attn for i, layer in enumerate(decoder.layers)}
-        layers: dict[str, nn.Module] = {"embed": decoder.input_ff_layer}
-        layers.update({f"decoder.{i}": layer for i, layer in enumerate(decoder.layers)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The patch embedding ``input_ff_layer``, whose output the model adds the frequency
+        embedding to in place before the first block."""
+        return self.model.decoder.input_ff_layer
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.model.decoder.layers
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """``TimesFmAttention``, which returns (its output after ``o_proj``, weights)."""
+        return self.model.decoder.layers[index].self_attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Every layer's tokens are the input patches [B, context_length / patch_length]; a
@@ -275,7 +281,7 @@ class TimesFmModule(ForecastModule):
         patches = padding.view(len(padding), -1, self.model.config.patch_length)
         real = ~patches.bool().all(dim=-1)
         layers = list(layers)
-        self.check_layer_names(layers, "TimesFM")
+        self.identify_layers(layers, "TimesFM")
         return {name: real for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

@@ -6,7 +6,6 @@ plants each mistake the checks exist for into every model to see it caught.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,19 +34,13 @@ def input_of(args: tuple, kwargs: dict) -> Tensor:
 
 
 def stacks(model: ForecastModule) -> dict[str, list[str]]:
-    """The block layers of ``probe_layers("block")`` by stack (``encoder``, ``decoder``), in the
-    order of their index in the name."""
-    return stacks_of(model.probe_layers("block"))
-
-
-def stacks_of(names) -> dict[str, list[str]]:
-    """Block layer names (``<stack>.<i>``) by stack, in the order of their index."""
-    found: dict[str, list[tuple[int, str]]] = {}
-    for name in names:
-        match = re.fullmatch(r"(.+)\.(\d+)", name)
-        if match:
-            found.setdefault(match[1], []).append((int(match[2]), name))
-    return {stack: [n for _, n in sorted(items)] for stack, items in found.items()}
+    """The block layers of ``probe_layers("block")`` by stack (``encoder``, ``decoder``), in
+    their order, from the model's layer identities (not from the modules it lists)."""
+    found: dict[str, list[str]] = {}
+    for name, layer in model.probe_layer_identities("block").items():
+        if layer.is_block:
+            found.setdefault(layer.stack, []).append(name)
+    return found
 
 
 def observed_batch(rows: int, context: int, horizon: int) -> dict[str, Tensor]:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hydra.utils import get_class
 from isoprobe.callbacks.collect import _capture_outputs
 from torch import nn
 
@@ -87,6 +88,39 @@ def test_layers_masks_and_hooks(tmp_path, name, site):
             # layers that read the context: the missing values are no real tokens
             assert int(mask.sum()) < mask.numel(), layer
     assert all(not m._forward_hooks for m in model.modules())  # the hooks are gone
+
+
+#: the facts every wrapper declares in its own class body, and their types
+FACTS = {"samples": bool, "lagged": bool, "stacks": tuple}
+
+
+def model_class(tmp_path, name: str) -> type[ForecastModule]:
+    """The wrapper class ``model=<name>`` builds, read from its configuration's target."""
+    return get_class(compose_config(tmp_path, [f"model={name}"]).model._target_)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_declares_its_facts_and_its_layers_are_its_stacks(tmp_path, name):
+    cls = model_class(tmp_path, name)
+    for fact, kind in FACTS.items():
+        assert fact in vars(cls), f"{cls.__name__} does not declare {fact!r}"
+        assert isinstance(vars(cls)[fact], kind), fact
+    model = build(tmp_path, name)
+    assert model.stacks and all(isinstance(stack, str) for stack in model.stacks)
+    for site in PROBE_SITES:
+        identities = model.probe_layer_identities(site)
+        assert list(identities) == list(model.probe_layers(site)), site
+        assert all(layer.name == n and layer.site == site for n, layer in identities.items())
+    blocks = [layer for layer in model.probe_layer_identities().values() if layer.is_block]
+    attention = list(model.probe_layer_identities("attention").values())
+    assert [(a.stack, a.index) for a in attention] == [(b.stack, b.index) for b in blocks]
+    assert tuple(dict.fromkeys(layer.stack for layer in blocks)) == model.stacks
+    for stack in model.stacks:
+        layers = [layer for layer in blocks if layer.stack == stack]
+        assert [layer.index for layer in layers] == list(range(len(layers))), stack
+        depths = [layer.depth for layer in layers]
+        assert depths[0] == 0.0 and depths == sorted(set(depths)), stack
+        assert len(layers) == 1 or depths[-1] == 1.0, stack
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -227,16 +261,13 @@ def test_loss_and_gradients_are_finite_on_windows_with_gaps(tmp_path, name):
     assert not not_finite, f"non-finite gradients in {not_finite[:5]}"
 
 
-#: models whose tokens also carry earlier steps' values (lag features): a missing step's token
-#: still changes with the observed values, so only left padding has tokens that carry none
-LAGGED = {"lag_llama"}
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_masks_mark_exactly_the_tokens_that_carry_observed_values(tmp_path, name):
     """A token of ``embed`` carries an observed value exactly when its representation changes
     as the observed values move to other positions (same values: same scale); every layer with
-    ``embed``'s token positions has ``embed``'s mask."""
+    ``embed``'s token positions has ``embed``'s mask. A model that declares ``lagged`` (its
+    tokens also carry earlier steps' values) has tokens at missing steps that carry observed
+    values, so there only left padding (row 0) has exactly its real tokens carrying them."""
     model = build(tmp_path, name)
     batch = gapped_batch()
     moved = {
@@ -253,7 +284,9 @@ def test_masks_mark_exactly_the_tokens_that_carry_observed_values(tmp_path, name
     carries = (outputs[0] != outputs[1]).any(dim=-1)
     masks = model.token_masks(batch, list(model.probe_layers()))
     real = masks["embed"]
-    rows = [0] if name in LAGGED else list(range(BATCH))
+    rows = [0] if model.lagged else list(range(BATCH))
+    if model.lagged:  # rows 1 and 2 have missing steps after observed ones
+        assert (carries[1:] & ~real[1:]).any(), "declared lagged, yet no lag carries a value"
     for row in rows:
         assert torch.equal(real[row], carries[row]), (
             f"row {row}: marked real {real[row].int().tolist()}, "
@@ -289,25 +322,38 @@ def test_embed_is_what_the_first_block_reads(tmp_path, name):
     assert torch.equal(embed, block_input)
 
 
-#: what makes a model's forecasts sampled where its configuration's default does not
-SAMPLED = {"patchtst": ["model.loss=nll"]}
+def check_sampled_quantiles(forecast, count: int) -> None:
+    """``forecast`` holds ``count`` samples per window, and its quantiles are theirs."""
+    assert forecast.samples is not None
+    assert tuple(forecast.samples.shape) == (BATCH, count, HORIZON)
+    levels = torch.tensor(forecast.levels, dtype=forecast.samples.dtype)
+    expected = torch.nanquantile(forecast.samples, levels, dim=1).permute(1, 0, 2)
+    torch.testing.assert_close(forecast.quantiles, expected.to(forecast.quantiles.dtype))
+    if count == 1:  # one sample: every quantile is that sample
+        assert (forecast.quantiles == forecast.quantiles[:, :1]).all()
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_forecasts_are_quantiles_of_num_samples_samples(tmp_path, name):
+def test_a_model_samples_exactly_when_it_declares_it(tmp_path, name):
+    """A model that declares ``samples`` forecasts the quantiles of ``num_samples`` samples;
+    one that does not returns no samples."""
     model = build(tmp_path, name)
-    if "num_samples" not in model.hparams:
-        pytest.skip(f"{name} forecasts quantiles directly (no num_samples)")
+    forecast = seeded_forecast(model, make_batch())
+    assert (forecast.samples is not None) == model.samples
+    if not model.samples:
+        return
     for count in (1, 3):
-        overrides = [f"model.num_samples={count}", *SAMPLED.get(name, [])]
-        forecast = seeded_forecast(build(tmp_path, name, overrides=overrides), make_batch())
-        assert forecast.samples is not None
-        assert tuple(forecast.samples.shape) == (BATCH, count, HORIZON)
-        levels = torch.tensor(forecast.levels, dtype=forecast.samples.dtype)
-        expected = torch.nanquantile(forecast.samples, levels, dim=1).permute(1, 0, 2)
-        torch.testing.assert_close(forecast.quantiles, expected.to(forecast.quantiles.dtype))
-        if count == 1:  # one sample: every quantile is that sample
-            assert (forecast.quantiles == forecast.quantiles[:, :1]).all()
+        model = build(tmp_path, name, overrides=[f"model.num_samples={count}"])
+        check_sampled_quantiles(seeded_forecast(model, make_batch()), count)
+
+
+def test_patchtst_samples_with_its_distribution_head(tmp_path):
+    """PatchTST's ``samples`` is its configuration's: ``loss=nll`` samples, ``mse`` does not."""
+    for count in (1, 3):
+        overrides = ["model.loss=nll", f"model.num_samples={count}"]
+        model = build(tmp_path, "patchtst", overrides=overrides)
+        assert model.samples
+        check_sampled_quantiles(seeded_forecast(model, make_batch()), count)
 
 
 #: an estimate may be this many times above or below the measured peak: the estimates count the
@@ -317,9 +363,7 @@ def test_forecasts_are_quantiles_of_num_samples_samples(tmp_path, name):
 MEMORY_FACTOR = 4.0
 MEMORY_BATCH = 16
 #: fewer sample paths than the configurations' defaults, for speed (the estimates count them)
-MEMORY_OVERRIDES = {
-    name: ["model.num_samples=4"] for name in ("chronos", "lag_llama", "llm", "moirai", "patchtst")
-}
+FEW_SAMPLES = ["model.num_samples=4"]
 
 
 def memory_batch() -> dict[str, torch.Tensor]:
@@ -348,7 +392,7 @@ def test_memory_estimates_are_within_a_factor_of_the_measured_peak(tmp_path, nam
     """The weights (resident before) plus the peak resident memory one step adds (VmHWM, see
     isoprobe.tasks.peak_memory); a step on a copy first, so that the measured one pays for no
     library loaded on first use."""
-    overrides = MEMORY_OVERRIDES.get(name, [])
+    overrides = FEW_SAMPLES if model_class(tmp_path, name).samples else []
     model = build(tmp_path, name, overrides=overrides).train()
     batch = memory_batch()
     training_step(copy.deepcopy(model), batch)
@@ -427,11 +471,12 @@ def test_the_forecast_reads_every_observed_context_step(tmp_path, name):
 
 def _reversed_blocks(model: ForecastModule) -> None:
     listed = model.probe_layers
+    stacks = props.stacks(model)
 
     def probe_layers(site: str = "block") -> dict[str, nn.Module]:
         layers = dict(listed(site))
         if site == "block":
-            for names in props.stacks_of(layers).values():
+            for names in stacks.values():
                 modules = [layers[n] for n in names]
                 layers.update(zip(names, reversed(modules), strict=True))
         return layers

@@ -26,7 +26,7 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,6 @@ from isoprobe.models.base import (
     Batch,
     Forecast,
     ForecastModule,
-    check_probe_site,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -107,6 +106,10 @@ class ChronosBoltModule(ForecastModule):
             ``ChronosBoltPipeline`` does, so that forecasts are the pipeline's exactly.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
+
+    samples = False
+    lagged = False
+    stacks = ("encoder", "decoder")
 
     def __init__(
         self,
@@ -233,19 +236,16 @@ class ChronosBoltModule(ForecastModule):
         median = torch.einsum("bgh,g->bh", heads, self.median_weights.to(heads.dtype))
         return Forecast(quantiles, self.quantile_levels, median)
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        check_probe_site(site)
-        stacks = {"encoder": self.model.encoder.block, "decoder": self.model.decoder.block}
-        if site == "attention":  # T5Attention returns (output after the o projection, ...)
-            return {
-                f"{stack}.{i}.attn": block.layer[0].SelfAttention
-                for stack, blocks in stacks.items()
-                for i, block in enumerate(blocks)
-            }
-        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
-        for stack, blocks in stacks.items():
-            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The encoder's input embeddings (an identity tap)."""
+        return self.embed_tap
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return getattr(self.model, stack).block
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """``T5Attention``, which returns (its output after the ``o`` projection, ...)."""
+        return self.stack_blocks(stack)[index].layer[0].SelfAttention
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens, from the context patched once: ``embed`` and the encoder [B, P (+ 1
@@ -258,9 +258,11 @@ class ChronosBoltModule(ForecastModule):
         if self.model.chronos_config.use_reg_token:
             encoder = torch.cat([patches, torch.zeros_like(patches[:, :1])], dim=1)
         decoder = patches.any(dim=1, keepdim=True)
-        layers = list(layers)
-        self.check_layer_names(layers, "Chronos-Bolt")
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        identities = self.identify_layers(layers, "Chronos-Bolt")
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
     def input_modules(self) -> list[nn.Module]:
         """The patch embedding (a residual MLP) and the REG/decoder-start embedding."""

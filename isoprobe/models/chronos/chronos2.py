@@ -35,7 +35,6 @@ from isoprobe.models.base import (
     Batch,
     Forecast,
     ForecastModule,
-    check_probe_site,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -89,6 +88,10 @@ class Chronos2Module(ForecastModule):
             ``Chronos2Pipeline`` does, so that forecasts are the pipeline's.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
+
+    samples = False
+    lagged = False
+    stacks = ("encoder",)
 
     def __init__(
         self,
@@ -212,19 +215,21 @@ class Chronos2Module(ForecastModule):
         quantiles = torch.einsum("bgh,lg->blh", heads, self.level_weights.to(heads.dtype))
         return Forecast(quantiles, self.quantile_levels, heads[:, self.median_index])
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed``: the encoder's input embeddings [B, P + REG + N, D] (context patches, REG,
-        future placeholders); ``encoder.<i>``: block i's output (after time attention, group
-        attention and feed-forward); ``encoder.<i>.attn``: block i's time self-attention after
-        its ``o`` projection, before dropout and the residual add. All are identity taps
-        (:meth:`_install_taps`). Group attention is not a probe site: with one window per
-        group it attends only to the same position of the same window."""
-        check_probe_site(site)
-        if site == "attention":
-            return {f"encoder.{i}.attn": tap for i, tap in enumerate(self.attention_taps)}
-        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
-        layers.update({f"encoder.{i}": tap for i, tap in enumerate(self.block_taps)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The encoder's input embeddings [B, P + REG + N, D] (context patches, REG, future
+        placeholders). This and the blocks and attention sub-layers are identity taps
+        (:meth:`_install_taps`): block i's output is its hidden states after time attention,
+        group attention and feed-forward; its attention sub-layer is its time self-attention
+        after its ``o`` projection, before dropout and the residual add. Group attention is
+        not a probe site: with one window per group it attends only to the same position of
+        the same window."""
+        return self.embed_tap
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.block_taps
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        return self.attention_taps[index]
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens, from the context patched once: ``embed`` and every block
@@ -234,7 +239,7 @@ class Chronos2Module(ForecastModule):
         special = int(self.model.chronos_config.use_reg_token) + self._output_patches()
         encoder = torch.cat([patches, patches.new_zeros(patches.shape[0], special)], dim=1)
         layers = list(layers)
-        self.check_layer_names(layers, "Chronos-2")
+        self.identify_layers(layers, "Chronos-2")
         return {name: encoder for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,6 @@ from isoprobe.models.base import (
     Batch,
     Forecast,
     ForecastModule,
-    check_probe_site,
 )
 from isoprobe.models.checkpoints import (
     CheckpointError,
@@ -75,6 +74,10 @@ class ChronosT5Module(ForecastModule):
             T5's shared, trained embedding. A checkpoint saved so carries it along.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, ...).
     """
+
+    samples = True
+    lagged = False
+    stacks = ("encoder", "decoder")
 
     def __init__(
         self,
@@ -284,19 +287,16 @@ class ChronosT5Module(ForecastModule):
         )
         return tokens[:, 1:].reshape(ids.shape[0], num_samples, horizon)
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        check_probe_site(site)
-        stacks = {"encoder": self.t5.encoder.block, "decoder": self.t5.decoder.block}
-        if site == "attention":  # T5Attention returns (output after the o projection, ...)
-            return {
-                f"{stack}.{i}.attn": block.layer[0].SelfAttention
-                for stack, blocks in stacks.items()
-                for i, block in enumerate(blocks)
-            }
-        layers: dict[str, nn.Module] = {"embed": self.embed_tap}
-        for stack, blocks in stacks.items():
-            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The encoder's input embeddings (an identity tap: the shared table runs twice)."""
+        return self.embed_tap
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return getattr(self.t5, stack).block
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """``T5Attention``, which returns (its output after the ``o`` projection, ...)."""
+        return self.stack_blocks(stack)[index].layer[0].SelfAttention
 
     def input_modules(self) -> list[nn.Module]:
         """The token embedding (tied to the head; Chebyshev's fixed one has no parameter)."""
@@ -328,9 +328,11 @@ class ChronosT5Module(ForecastModule):
         _, target_mask = self._tokenize_target(batch, scale)
         start = torch.zeros_like(target_mask[:, :1])
         decoder = torch.cat([start, target_mask[:, : self.prediction_length]], dim=1)
-        layers = list(layers)
-        self.check_layer_names(layers, "Chronos-T5")
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        identities = self.identify_layers(layers, "Chronos-T5")
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
 
 def _load(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -83,6 +83,10 @@ class LagLlamaModule(ForecastModule):
         num_samples: sample paths per forecast.
         **base: the :class:`ForecastModule` arguments.
     """
+
+    samples = True
+    lagged = True
+    stacks = ("decoder",)
 
     def __init__(
         self,
@@ -211,23 +215,24 @@ class LagLlamaModule(ForecastModule):
 
     # -- probe contract ----------------------------------------------------------------------
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed``: the token embedding (``wte``: the lag and magnitude features projected to
-        the model width) [B, T, D]; ``decoder.<i>``: block i's output; ``decoder.<i>.attn``:
-        block i's self-attention after ``c_proj``, before the residual add."""
-        check_probe_site(site)
-        blocks = self.network.transformer["h"]
-        if site == "attention":
-            return {f"decoder.{i}.attn": block.attn for i, block in enumerate(blocks)}
-        embed = self.network.transformer["wte"]
-        return {"embed": embed} | {f"decoder.{i}": b for i, b in enumerate(blocks)}
+    def embed_module(self) -> nn.Module:
+        """The token embedding (``wte``: the lag and magnitude features projected to the model
+        width) [B, T, D]."""
+        return self.network.transformer["wte"]
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.network.transformer["h"]
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """The block's self-attention after ``c_proj``, before the residual add."""
+        return self.network.transformer["h"][index].attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """One token per step of the context and of the teacher-forced target; real = the
         step's value was observed (not left padding, not missing). The same for every layer."""
         _, observed, _, _, _ = self._teacher_forced(batch)
         layers = list(layers)
-        self.check_layer_names(layers, "Lag-Llama")
+        self.identify_layers(layers, "Lag-Llama")
         return {name: observed for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from isoprobe.models.base import (
     Batch,
     Forecast,
     ForecastModule,
-    check_probe_site,
 )
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields, scratch_shape
 from isoprobe.models.llm.grammar import NumberGrammar, StopAfterValues
@@ -55,6 +54,11 @@ class LlmModule(PromptEncoding, ForecastModule):
         **base: the :class:`ForecastModule` arguments.
     """
 
+    samples = True
+    lagged = False
+    #: GPT-2's (the default ``arch``); ``__init__`` sets T5's
+    stacks = ("decoder",)
+
     def __init__(
         self,
         arch: str = "gpt2",
@@ -76,6 +80,8 @@ class LlmModule(PromptEncoding, ForecastModule):
         if arch not in ARCHITECTURES:
             raise ValueError(f"model.arch must be one of {tuple(ARCHITECTURES)}, got {arch!r}")
         self.arch = arch
+        if arch == "t5":
+            self.stacks = ("encoder", "decoder")
         self.resolved_checkpoint = resolve_checkpoint(
             checkpoint, hub_id or HUB_IDS[arch], bundled_name or f"llm-{arch}-mini"
         )
@@ -195,31 +201,20 @@ class LlmModule(PromptEncoding, ForecastModule):
 
     # ----- probe contract ------------------------------------------------------------------
 
-    def _stacks(self) -> dict[str, nn.ModuleList]:
+    def embed_module(self) -> nn.Module:
+        """GPT-2: token plus position embeddings, the dropout's output; T5: the encoder's
+        input embeddings (an identity tap)."""
+        return self.lm.transformer.drop if self.arch == "gpt2" else self.embed_tap
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
         if self.arch == "gpt2":
-            return {"decoder": self.lm.transformer.h}
-        return {"encoder": self.lm.encoder.block, "decoder": self.lm.decoder.block}
+            return self.lm.transformer.h
+        return getattr(self.lm, stack).block
 
-    def _self_attention(self, block: nn.Module) -> nn.Module:
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """The self-attention's output after ``c_proj`` (GPT-2) / ``o`` (T5)."""
+        block = self.stack_blocks(stack)[index]
         return block.attn if self.arch == "gpt2" else block.layer[0].SelfAttention
-
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed`` (GPT-2: token plus position embeddings, the dropout's output; T5: the
-        encoder's input embeddings), ``encoder.<i>`` / ``decoder.<i>`` the blocks; at site
-        ``attention`` each block's self-attention output after ``c_proj`` / ``o``."""
-        check_probe_site(site)
-        stacks = self._stacks()
-        if site == "attention":
-            return {
-                f"{stack}.{i}.attn": self._self_attention(block)
-                for stack, blocks in stacks.items()
-                for i, block in enumerate(blocks)
-            }
-        embed = self.lm.transformer.drop if self.arch == "gpt2" else self.embed_tap
-        layers: dict[str, nn.Module] = {"embed": embed}
-        for stack, blocks in stacks.items():
-            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
-        return layers
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Real tokens are those that write an observed value: its digits and sign; not the
@@ -233,11 +228,9 @@ class LlmModule(PromptEncoding, ForecastModule):
             decoder_mask = torch.cat([start, self._writing_values(decoder)[:, :-1]], dim=1)
         else:
             encoder_mask = decoder_mask = self._writing_values(self.encode_context(batch)[0])
-        layers = list(layers)
-        self.check_layer_names(layers, "LLM")
         masks = {}
-        for name in layers:
-            reads_target = self.arch == "t5" and name.startswith("decoder.")
+        for name, layer in self.identify_layers(layers, "LLM").items():
+            reads_target = self.arch == "t5" and layer.stack == "decoder"
             masks[name] = decoder_mask if reads_target else encoder_mask
         return masks
 
@@ -249,7 +242,7 @@ class LlmModule(PromptEncoding, ForecastModule):
         if self.arch == "t5":
             return self.token_masks(batch, layers)
         layers = list(layers)
-        self.check_layer_names(layers, "LLM")
+        self.identify_layers(layers, "LLM")
         real = self._writing_values(self.encode_training(batch))
         return {name: real for name in layers}
 
@@ -269,16 +262,16 @@ class LlmModule(PromptEncoding, ForecastModule):
         return [self.lm.get_output_embeddings()]
 
     def feed_forward_modules(self) -> list[nn.Module]:
-        blocks = [block for blocks in self._stacks().values() for block in blocks]
+        blocks = [block for stack in self.stacks for block in self.stack_blocks(stack)]
         return [block.mlp if self.arch == "gpt2" else block.layer[-1] for block in blocks]
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """GPT-2: ``c_attn`` is a Conv1D whose weight is ``[in, 3 out]`` (``y = x @ W``): q, k, v
         are transposed views of its thirds, o of ``c_proj``'s weight. T5: q, k, v, o as they are."""
         weights = {}
-        for stack, blocks in self._stacks().items():
-            for i, block in enumerate(blocks):
-                attention = self._self_attention(block)
+        for stack in self.stacks:
+            for i in range(len(self.stack_blocks(stack))):
+                attention = self.self_attention_module(stack, i)
                 if self.arch == "gpt2":
                     q, k, v = attention.c_attn.weight.split(attention.embed_dim, dim=1)
                     parts = {"q": q.T, "k": k.T, "v": v.T, "o": attention.c_proj.weight.T}

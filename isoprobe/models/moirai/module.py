@@ -33,14 +33,14 @@ import copy
 import functools
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
 from isoprobe.models.moirai.loading import import_uni2ts, load_moirai
 
@@ -96,6 +96,10 @@ class MoiraiForecastModule(ForecastModule):
         num_samples: samples per window that forecasts summarise by quantiles.
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, freq, ...).
     """
+
+    samples = True
+    lagged = False
+    stacks = ("encoder",)
 
     def __init__(
         self,
@@ -262,14 +266,15 @@ class MoiraiForecastModule(ForecastModule):
         packed = self.pack(batch["context"], batch["target"])
         self.module(*packed.module_inputs())
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        check_probe_site(site)
-        layers = self.module.encoder.layers
-        if site == "attention":  # GroupedQueryAttention returns out_proj's output
-            return {f"encoder.{i}.attn": layer.self_attn for i, layer in enumerate(layers)}
-        probed: dict[str, nn.Module] = {"embed": self.embed_tap}
-        probed.update({f"encoder.{i}": layer for i, layer in enumerate(layers)})
-        return probed
+    def embed_module(self) -> nn.Module:
+        return self.embed_tap
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.module.encoder.layers
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """``GroupedQueryAttention``, which returns ``out_proj``'s output."""
+        return self.module.encoder.layers[index].self_attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """Every layer's tokens are the packed patches [B, T]; a real token is a context patch
@@ -278,7 +283,7 @@ class MoiraiForecastModule(ForecastModule):
         packed = self.pack(batch["context"])
         real = packed.observed.any(dim=-1) & ~packed.prediction
         layers = list(layers)
-        self.check_layer_names(layers, "Moirai")
+        self.identify_layers(layers, "Moirai")
         return {name: real for name in layers}
 
     def input_modules(self) -> list[nn.Module]:

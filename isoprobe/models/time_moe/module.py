@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
 from isoprobe.models.time_moe.config import official_config
 from isoprobe.models.time_moe.loading import load_network
@@ -99,6 +99,10 @@ class TimeMoeModule(ForecastModule):
             ``official_200m``: the published ones).
         **base: the :class:`ForecastModule` arguments (optimizer, lengths, quantiles, freq, ...).
     """
+
+    samples = False
+    lagged = False
+    stacks = ("decoder",)
 
     def __init__(
         self,
@@ -180,23 +184,22 @@ class TimeMoeModule(ForecastModule):
         values, observed, _, _ = self._inputs(context, context)
         self._hidden(values, observed)
 
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed``: the gated value embedding [B, C, d] (positions are rotary, in no layer's
-        tokens); ``decoder.<i>``: every block's output; ``decoder.<i>.attn``: its attention's
-        output after ``o_proj``, before the residual add."""
-        check_probe_site(site)
-        blocks = self.network.model.layers
-        if site == "attention":
-            return {f"decoder.{i}.attn": block.self_attn for i, block in enumerate(blocks)}
-        layers: dict[str, nn.Module] = {"embed": self.network.model.embed_layer}
-        layers.update({f"decoder.{i}": block for i, block in enumerate(blocks)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The gated value embedding [B, C, d] (positions are rotary, in no layer's tokens)."""
+        return self.network.model.embed_layer
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.network.model.layers
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """The block's attention output after ``o_proj``, before the residual add."""
+        return self.network.model.layers[index].self_attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """One token per context step in every layer; it is real exactly when its step is
         observed."""
         layers = list(layers)
-        self.check_layer_names(layers, "Time-MoE")
+        self.identify_layers(layers, "Time-MoE")
         real = batch["context"].isfinite()
         return {name: real for name in layers}
 

@@ -23,14 +23,14 @@ forecast's placeholders) are not real.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule, check_probe_site
+from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
@@ -77,6 +77,10 @@ class VisionTSModule(ForecastModule):
         sizes: named :class:`~isoprobe.models.visionts.mae.MAEShape` fields.
         **base: the :class:`ForecastModule` arguments.
     """
+
+    samples = False
+    lagged = False
+    stacks = ("encoder", "decoder")
 
     def __init__(
         self,
@@ -140,27 +144,21 @@ class VisionTSModule(ForecastModule):
         )
 
     # ----------------------------------------------------------------- probing
-    def probe_layers(self, site: str = "block") -> dict[str, nn.Module]:
-        """``embed`` (the encoder's input), ``encoder.<i>``, ``decoder.<i>``; ``<block>.attn``:
-        each block's attention after ``proj``, before the residual add."""
-        check_probe_site(site)
-        stacks = {"encoder": self.mae.blocks, "decoder": self.mae.decoder_blocks}
-        if site == "attention":
-            return {
-                f"{stack}.{i}.attn": block.attn
-                for stack, blocks in stacks.items()
-                for i, block in enumerate(blocks)
-            }
-        layers: dict[str, nn.Module] = {"embed": self.mae.encoder_input}
-        for stack, blocks in stacks.items():
-            layers.update({f"{stack}.{i}": block for i, block in enumerate(blocks)})
-        return layers
+    def embed_module(self) -> nn.Module:
+        """The encoder's input."""
+        return self.mae.encoder_input
+
+    def stack_blocks(self, stack: str) -> Sequence[nn.Module]:
+        return self.mae.blocks if stack == "encoder" else self.mae.decoder_blocks
+
+    def self_attention_module(self, stack: str, index: int) -> nn.Module:
+        """The block's attention after ``proj``, before the residual add."""
+        return self.stack_blocks(stack)[index].attn
 
     def token_masks(self, batch: Batch, layers: Iterable[str]) -> dict[str, Tensor]:
         """``[B, 1 + V]`` for ``embed`` and the encoder, ``[B, 1 + (S / p)^2]`` for the decoder:
         True at the visible patches that read an observed step (module docstring)."""
-        layers = list(layers)
-        self.check_layer_names(layers, "VisionTS")
+        identities = self.identify_layers(layers, "VisionTS")
         context = batch["context"]
         patches = visible_patches_observed(context, self.layout).flatten(1)
         batch_size = context.shape[0]
@@ -170,7 +168,10 @@ class VisionTSModule(ForecastModule):
         every = patches.new_zeros(batch_size, grid**2)
         every[:, self.mae.visible_positions(self.layout.visible_columns)] = patches
         decoder = torch.cat([no_cls, every], dim=1)
-        return {name: decoder if name.startswith("decoder.") else encoder for name in layers}
+        return {
+            name: decoder if layer.stack == "decoder" else encoder
+            for name, layer in identities.items()
+        }
 
     def attention_weights(self) -> dict[str, dict[str, Tensor]]:
         """Every encoder then decoder block's ``q``, ``k``, ``v`` (the published fused ``qkv``
