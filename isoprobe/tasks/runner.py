@@ -42,7 +42,7 @@ from isoprobe.tasks.resume import (
 from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.slurm_requeue import slurm_plugins
 from isoprobe.tasks.summary import format_summary
-from isoprobe.tasks.task import Task
+from isoprobe.tasks.task import Task, task_of
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +56,14 @@ def _single_log_stream() -> None:
 
 
 def run_task(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.task.name`` (an entry of :data:`isoprobe.tasks.TASKS`) and return its results
-    (forecast metrics, probe records path).
+    """Run the task that ``cfg.task`` names (:func:`isoprobe.tasks.task.task_of`) and return its
+    results (forecast metrics, probe records path).
 
     The run holds its output directory for its whole duration: a second run started in the
     same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
-    from isoprobe.tasks import TASKS
-
     _single_log_stream()
     quiet_lightning()
-    task = TASKS.get(cfg.task.name)
-    if task is None:
-        raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {list(TASKS)}")
+    task = task_of(cfg)
     check_settings(cfg)  # every numeric setting, before data, weights or outputs
     if task.alone is not None:
         return task.alone(cfg)
