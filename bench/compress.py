@@ -53,6 +53,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from isoprobe.evaluation import ForecastMetrics
+from isoprobe.models.build import build_model
 from isoprobe.models.compression import (
     ATTENTION_CHOICES,
     attention_matrices,
@@ -63,7 +64,6 @@ from isoprobe.models.compression import (
 )
 from isoprobe.tasks.compress import paired_inference
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, weight_bytes
-from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 OFFICIAL = {

@@ -27,7 +27,7 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
   needs transformers 4.40 (it breaks on 5.x), so it cannot run beside isoprobe; its parity on
   the same weights is tests/models/test_time_moe.py's (fixture made in a side environment).
 
-isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.tasks.runner.build_model``
+isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.models.build.build_model``
 builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
 under ``torch.no_grad``. Each side is called once to warm up, then the two alternate for
 ``--rounds`` rounds and the fastest call of each is reported; torch keeps its default threads.
@@ -61,9 +61,9 @@ from torch import Tensor, nn
 from transformers.utils import logging as transformers_logging
 
 from isoprobe.evaluation.forecast_metrics import wql
+from isoprobe.models.build import build_model
 from isoprobe.models.checkpoints import bundled_path
 from isoprobe.models.chronos import t5_sampling
-from isoprobe.tasks.runner import build_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"

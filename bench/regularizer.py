@@ -19,8 +19,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
+from isoprobe.models.build import build_model
 from isoprobe.models.regularizer import IsotropyRegularizer
-from isoprobe.tasks.runner import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

@@ -55,7 +55,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from isoprobe.evaluation.forecast_metrics import wql
-from isoprobe.tasks.runner import build_model
+from isoprobe.models.build import build_model
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 CHRONOS2_SHAPE = ["model.checkpoint=scratch", "model.size=mini"]

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from isoprobe.callbacks.collect import _capture_outputs, _inference_mode_of, _masked_rows
 from isoprobe.models.base import ForecastModule
+from isoprobe.models.build import build_model
 
 #: the layer whose output is the embedded inputs (the contract's "embed", what block 0 reads)
 EMBED_LAYER = "embed"
@@ -61,8 +62,6 @@ class ForecasterEmbedder:
     modality = "time series"
 
     def __init__(self, model_cfg: DictConfig, horizon: int, batch_size: int) -> None:
-        from isoprobe.tasks.runner import build_model
-
         self.horizon, self.batch_size = int(horizon), int(batch_size)
         self.model_cfg = model_cfg
         self._build = build_model

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
@@ -19,15 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from isoprobe.analysis.run_files import PROMISED_ROWS
 from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
-from isoprobe.models.adaptation import (
-    adapt_model,
-    check_adapt,
-    check_adapt_needs_weights,
-    parameter_counts,
-)
+from isoprobe.models.adaptation import check_adapt_needs_weights, parameter_counts
 from isoprobe.models.base import ForecastModule
-from isoprobe.models.compression import low_rank_attention
-from isoprobe.models.compression_files import apply_saved_compression
+from isoprobe.models.build import build_model
 from isoprobe.models.regularizer import IsotropyRegularizer
 from isoprobe.settings import check_settings
 from isoprobe.tasks.loggers import (
@@ -49,44 +42,9 @@ from isoprobe.tasks.resume import (
 from isoprobe.tasks.run_lock import run_directory_lock
 from isoprobe.tasks.slurm_requeue import slurm_plugins
 from isoprobe.tasks.summary import format_summary
-from isoprobe.tasks.task import Task
+from isoprobe.tasks.task import Task, task_of
 
 log = logging.getLogger(__name__)
-
-
-def build_model(model_cfg: DictConfig, datamodule: L.LightningDataModule) -> ForecastModule:
-    """The model config with the data module's window lengths, season and frequency; a
-    checkpoint directory that ``task=compress`` or a low-rank pretraining wrote gets its factored
-    projections back, and ``model.low_rank.enabled`` factors a model's attention by design;
-    ``model.adapt`` then chooses what training changes (:mod:`isoprobe.models.adaptation`)."""
-    kwargs = OmegaConf.to_container(model_cfg, resolve=True)
-    kwargs.pop("name", None)
-    low_rank = kwargs.pop("low_rank", None) or {}
-    adapt, lora = kwargs.pop("adapt", "full"), kwargs.pop("lora", None)
-    kwargs.pop("allow_random_weights", None)  # a run's setting (check_adapt_needs_weights)
-    check_adapt(adapt, lora)  # a wrong setting fails before the weights load
-    try:
-        model = instantiate(
-            kwargs,
-            context_length=datamodule.context_length,
-            prediction_length=datamodule.prediction_length,
-            season_length=datamodule.season_length,
-            freq=datamodule.freq,
-            _convert_="all",
-        )
-    except InstantiationException as err:
-        # the model's own error (a checkpoint that does not fit, a missing extra) says what to
-        # do; Hydra's wrapper would bury it in a repr
-        if err.__cause__ is None:
-            raise
-        raise err.__cause__ from None
-    saved = None
-    if model.resolved_checkpoint.kind == "path":
-        saved = apply_saved_compression(model, model.resolved_checkpoint.location)
-    if saved is None and low_rank.get("enabled"):
-        low_rank_attention(model, low_rank["r_first"], low_rank["r_last"], low_rank["alpha"])
-    adapt_model(model, adapt, lora)
-    return model
 
 
 def _single_log_stream() -> None:
@@ -98,18 +56,14 @@ def _single_log_stream() -> None:
 
 
 def run_task(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.task.name`` (an entry of :data:`isoprobe.tasks.TASKS`) and return its results
-    (forecast metrics, probe records path).
+    """Run the task that ``cfg.task`` names (:func:`isoprobe.tasks.task.task_of`) and return its
+    results (forecast metrics, probe records path).
 
     The run holds its output directory for its whole duration: a second run started in the
     same directory is refused (:mod:`isoprobe.tasks.run_lock`)."""
-    from isoprobe.tasks import TASKS
-
     _single_log_stream()
     quiet_lightning()
-    task = TASKS.get(cfg.task.name)
-    if task is None:
-        raise ValueError(f"unknown task {cfg.task.name!r}; choose task= one of {list(TASKS)}")
+    task = task_of(cfg)
     check_settings(cfg)  # every numeric setting, before data, weights or outputs
     if task.alone is not None:
         return task.alone(cfg)

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from isoprobe.tasks.analyze import run_analyze
 from isoprobe.tasks.hydra_callback import IsoprobeCallback
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,6 @@ class AnalyzeSweep(IsoprobeCallback):
         self.sweep_dir = Path(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from isoprobe.tasks.analyze import run_analyze
-
         sweep_dir = self.sweep_dir or Path(config.hydra.sweep.dir)
         analyze = {**OmegaConf.to_container(config.analyze, resolve=True), **self.options}
         # the group of the sweep's runs (isoprobe.tasks.loggers.sweep_group)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, open_dict
 
 from isoprobe.analysis.run_files import FAILED_FILE
 from isoprobe.errors import IsoprobeError
+from isoprobe.tasks.task import task_of
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,7 @@ def run_sweep_job(cfg: DictConfig, run: Callable[[DictConfig], dict[str, Any]]) 
     (run_dir / FAILED_FILE).unlink(missing_ok=True)
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is not None and cfg.get("ckpt_path") is None:
-        from isoprobe.tasks import TASKS
-
-        if TASKS[cfg.task.name].trains:  # a task that trains resumes from its checkpoint
+        if task_of(cfg).trains:  # a task that trains resumes from its checkpoint
             log.info("%s: this job was stopped; it resumes from %s", run_dir, checkpoint)
             with open_dict(cfg):
                 cfg.ckpt_path = str(checkpoint)

@@ -6,6 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from isoprobe.models.compression import flow_of_ranks_schedule
+from isoprobe.tasks.finetune import FINETUNE
+from isoprobe.tasks.probe import PROBE
+from isoprobe.tasks.task import task_of
 from tests.conftest import CONFIG_DIR, compose_config
 
 #: the studies that are one run writing their own report, not a sweep and its analysis
@@ -33,6 +36,7 @@ def test_every_value_of_a_study_sweep_composes_and_the_sweep_ends_with_analysis(
             for value in str(values).split(","):
                 overrides = [f"experiment={study}", *fixed, f"{key}={value}"]
                 composed = compose_config(tmp_path, overrides)
+                assert task_of(composed).name == composed.task.name
                 if key == "model":
                     name = value.split("/")[-1].removesuffix("_from_scratch")
                     assert composed.model.name == name
@@ -63,7 +67,7 @@ def test_every_bound_and_choice_of_a_search_composes_and_it_has_an_objective(tmp
 def test_a_one_run_study_composes_into_its_task_without_a_sweep(tmp_path, study):
     cfg = compose_config(tmp_path, [f"experiment={study}"])
     assert (CONFIG_DIR / "experiment" / f"{study}.yaml").is_file()
-    assert cfg.task.name == ONE_RUN_STUDIES[study]
+    assert task_of(cfg).name == cfg.task.name == ONE_RUN_STUDIES[study]
     assert not cfg.hydra.sweeper.params and "analyze" not in (cfg.hydra.callbacks or {})
 
 
@@ -86,7 +90,9 @@ def test_patchtst_from_scratch_trains_inside_a_zero_shot_grid(tmp_path):
         tmp_path, ["experiment=isotropy/real_grid", "model=study/patchtst_from_scratch"]
     )
     assert cfg.task.name == "finetune" and cfg.model.checkpoint == "scratch"
-    assert compose_config(tmp_path, ["experiment=isotropy/real_grid"]).task.name == "probe"
+    assert task_of(cfg) is FINETUNE
+    zero_shot = compose_config(tmp_path, ["experiment=isotropy/real_grid"])
+    assert zero_shot.task.name == "probe" and task_of(zero_shot) is PROBE
 
 
 def test_the_constant_rank_arm_has_the_flow_arms_attention_size_on_the_mini(tmp_path):

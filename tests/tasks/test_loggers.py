@@ -14,6 +14,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import OmegaConf, read_write
 
+from isoprobe.tasks import sweep_analysis
 from isoprobe.tasks.loggers import (
     AppendingCSVLogger,
     LoggersSavedWithCheckpoint,
@@ -216,11 +217,9 @@ def test_a_single_run_has_no_wandb_group_and_a_set_group_is_kept(tmp_path, offli
 
 
 def test_a_sweeps_analysis_is_in_the_group_of_its_runs(tmp_path, offline, monkeypatch):
-    import isoprobe.tasks.analyze
-
     sweep = tmp_path / "multiruns" / "2026-11-28_09-30-00"
     analysed = []
-    monkeypatch.setattr(isoprobe.tasks.analyze, "run_analyze", analysed.append)
+    monkeypatch.setattr(sweep_analysis, "run_analyze", analysed.append)
     for group in ([], ["logger.wandb.group=mine"]):
         cfg = compose_config(tmp_path, ["logger=wandb", *group, f"hydra.sweep.dir={sweep}"])
         as_multirun(cfg)

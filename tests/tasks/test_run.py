@@ -136,7 +136,8 @@ def test_resume_continues_the_trajectory_without_duplicates(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "override, option", [("model=not_a_model", "model"), ("data=not_a_domain", "data")]
+    "override, option",
+    [("model=not_a_model", "model"), ("data=not_a_domain", "data"), ("task=not_a_task", "task")],
 )
 def test_unknown_group_option_is_a_clear_hydra_error(tmp_path, override, option):
     with pytest.raises(MissingConfigException, match=f"Could not find '{option}/not_a"):
