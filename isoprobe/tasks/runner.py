@@ -17,7 +17,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.analysis.run_files import PROMISED_ROWS
-from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.adaptation import (
     adapt_model,
@@ -29,6 +28,7 @@ from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import low_rank_attention
 from isoprobe.models.compression_files import apply_saved_compression
 from isoprobe.models.regularizer import IsotropyRegularizer
+from isoprobe.probing.records import RecordedProbe
 from isoprobe.settings import check_settings
 from isoprobe.tasks.loggers import (
     LoggersSavedWithCheckpoint,

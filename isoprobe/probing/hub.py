@@ -1,6 +1,6 @@
 """The probe hub: one per Trainer, it owns what the probes of that Trainer share.
 
-- **Membership.** Every probe callback (a *measure set*: :class:`~isoprobe.callbacks.probe.Probe`)
+- **Membership.** Every probe callback (a *measure set*: :class:`~isoprobe.probing.probe.Probe`)
   joins the hub of its Trainer at setup (:meth:`ProbeHub.of`); no probe looks for its peers in
   ``trainer.callbacks``. A probe with ``follow=<name>`` takes the probe set and schedule
   (:data:`FOLLOWED`) of the member of that name, whichever of the two joins first.
@@ -10,7 +10,7 @@
   their epoch done.
 - **The collection pass.** Members whose :class:`TokenRequest` is equal (the same windows,
   site, tokens, batch size, token count, seed and precision) read ONE forward pass
-  (:mod:`isoprobe.callbacks.collect`): the union of their layers, each member takes its own,
+  (:mod:`isoprobe.probing.collect`): the union of their layers, each member takes its own,
   and the pass is freed when they have measured. Members that pool windows (the readout, the
   saved window means) get each window's mean real token per layer from that same pass.
 
@@ -27,15 +27,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from isoprobe.callbacks.collect import (
+from lightning.pytorch import LightningModule, Trainer
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from isoprobe.probing.collect import (
     ProbePlan,
     gather_subsampled_tokens,
     gather_window_means,
     run_probe_forward,
 )
-from lightning.pytorch import LightningModule, Trainer
-from torch import Tensor, nn
-from torch.utils.data import Dataset
 
 #: what a probe takes from the probe it follows: its probe set (so both read one pass) and its
 #: schedule (so they probe at the same times)
@@ -78,7 +79,7 @@ class Collected:
 
 
 class Member(Protocol):
-    """What the hub asks of a measure set (:class:`~isoprobe.callbacks.probe.Probe` is one)."""
+    """What the hub asks of a measure set (:class:`~isoprobe.probing.probe.Probe` is one)."""
 
     name: str
     follow: str | None
@@ -249,7 +250,7 @@ def collect_tokens(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Layer -> [N, D] subsampled tokens of the probe set, and for ``pooled_layers`` layer ->
     [windows, D] each window's mean real token: one forward pass per batch for all ``layers``,
-    identical on every rank (see :mod:`isoprobe.callbacks.collect`)."""
+    identical on every rank (see :mod:`isoprobe.probing.collect`)."""
     plan = ProbePlan.build(len(request.windows), request.batch_size, trainer.world_size)
     local = run_probe_forward(
         trainer,

@@ -23,13 +23,13 @@ import torch
 # this folder (probe_toy) and the repository root: the isoprobe under test, whatever is installed
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
-import isoprobe.callbacks.isotropy as isotropy_module  # noqa: E402
-from isoprobe.callbacks import IsotropyProbe, RankProbe  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from probe_toy import CONTEXT, HORIZON, ToyForecaster  # noqa: E402
 
+import isoprobe.probing.isotropy as isotropy_module  # noqa: E402
 from isoprobe.data import TimeSeriesDataModule  # noqa: E402
 from isoprobe.data.registry import SeriesCollection, register_dataset  # noqa: E402
+from isoprobe.probing import IsotropyProbe, RankProbe  # noqa: E402
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROBE = dict(PROBE_SET, metrics={"k_max": 4}, save_window_means=True)

@@ -4,7 +4,7 @@ Its records' CSV file (a file of another run is kept aside, not overwritten), it
 the figure schedule (the first and the last probe of a run, and every
 ``figures_every_n_epochs``-th epoch when that is positive; none when it is -1), the end-of-fit
 trajectory plot, and every logger of the Trainer under the probe's ``log_prefix``
-(:mod:`isoprobe.callbacks.publish`).
+(:mod:`isoprobe.probing.publish`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from isoprobe.callbacks.measurement import Measurement
-from isoprobe.callbacks.plots import save_trajectories
-from isoprobe.callbacks.publish import log_epoch, log_image, records_table, scalar_metrics
-from isoprobe.callbacks.records import keep_foreign_file, write_records
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 
+from isoprobe.probing.measurement import Measurement
+from isoprobe.probing.plots import save_trajectories
+from isoprobe.probing.publish import log_epoch, log_image, records_table, scalar_metrics
+from isoprobe.probing.records import keep_foreign_file, write_records
+
 
 class Published(Protocol):
-    """What :class:`ProbeOutput` reads of its probe (:class:`~isoprobe.callbacks.probe.Probe`)."""
+    """What :class:`ProbeOutput` reads of its probe (:class:`~isoprobe.probing.probe.Probe`)."""
 
     log_prefix: str
     log_tables: bool

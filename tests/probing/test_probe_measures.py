@@ -8,11 +8,11 @@ import math
 
 import lightning as L
 import pytest
-from isoprobe.callbacks import IsotropyProbe
 from probe_toy import ToyData, ToyForecaster, ToyWindows, tokens_by_hand
 from torch import Tensor
 
 from isoprobe.metrics import Tokens, register_measure, unregister_measure
+from isoprobe.probing import IsotropyProbe
 
 LAYERS = ["embed", "encoder.0", "encoder.1"]
 

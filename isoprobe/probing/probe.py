@@ -1,15 +1,15 @@
 """The probe framework: a probe callback is a measure set of its Trainer's probe hub.
 
-The :class:`~isoprobe.callbacks.hub.ProbeHub` of the Trainer owns what the probes share: the
+The :class:`~isoprobe.probing.hub.ProbeHub` of the Trainer owns what the probes share: the
 schedule (epoch 0, the model as loaded, before the first training step; then after every
 ``every_n_epochs``-th epoch, after that epoch's validation; a validation-only run
 (``trainer.validate``) once, labelled with the epoch its weights were saved after; never in the
 sanity check or under ``fast_dev_run``), following, and the collection pass (the real tokens of
-every probed layer, :mod:`isoprobe.callbacks.collect`, run ONCE per probe time for the probes
+every probed layer, :mod:`isoprobe.probing.collect`, run ONCE per probe time for the probes
 that read the same windows, site and tokens, then freed). A :class:`Probe` joins the hub at
 setup, chooses and keeps its probe set of validation windows (in the checkpoint), measures what
 the hub hands it, and keeps its records (``probe, epoch, global_step, layer, metric, value,
-note``), which :class:`~isoprobe.callbacks.probe_output.ProbeOutput` writes to their CSV file,
+note``), which :class:`~isoprobe.probing.probe_output.ProbeOutput` writes to their CSV file,
 draws and publishes to every logger under the probe's ``log_prefix`` (W&B: plotted against
 ``<prefix>/epoch``, a table per epoch, media the probe adds); its checkpoint state goes under a
 unique ``state_key`` (the probe's ``name``).
@@ -27,11 +27,6 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from isoprobe.callbacks.collect import PROBE_PRECISIONS, WINDOW_SELECTIONS, probe_window_indices
-from isoprobe.callbacks.hub import FOLLOWED, Collected, ProbeHub, TokenRequest, val_dataset
-from isoprobe.callbacks.measurement import Measurement, Row
-from isoprobe.callbacks.probe_output import ProbeOutput
-from isoprobe.callbacks.records import make_record
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -39,6 +34,11 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from isoprobe.models.base import check_probe_site
+from isoprobe.probing.collect import PROBE_PRECISIONS, WINDOW_SELECTIONS, probe_window_indices
+from isoprobe.probing.hub import FOLLOWED, Collected, ProbeHub, TokenRequest, val_dataset
+from isoprobe.probing.measurement import Measurement, Row
+from isoprobe.probing.probe_output import ProbeOutput
+from isoprobe.probing.records import make_record
 
 __all__ = ["Measurement", "Probe", "Row"]
 
@@ -76,15 +76,15 @@ class Probe(Callback, ABC):
             geometry of given weights does not depend on the training precision, or
             ``trainer``: the trainer's validation precision (``bf16-mixed``: autocast).
         follow: the name of another probe whose probe set and schedule (the
-            :data:`~isoprobe.callbacks.hub.FOLLOWED` settings) this one takes when that
+            :data:`~isoprobe.probing.hub.FOLLOWED` settings) this one takes when that
             probe is in the Trainer (its own apply when it is not); a followed setting given
             here other than its default is refused then, as it would be ignored.
 
     Attributes:
-        own_settings: the :data:`~isoprobe.callbacks.hub.FOLLOWED` settings as given.
-        hub: the :class:`~isoprobe.callbacks.hub.ProbeHub` of the Trainer this probe was set
+        own_settings: the :data:`~isoprobe.probing.hub.FOLLOWED` settings as given.
+        hub: the :class:`~isoprobe.probing.hub.ProbeHub` of the Trainer this probe was set
             up in (None before setup); ``collection`` is the same object (its former name).
-        output: the :class:`~isoprobe.callbacks.probe_output.ProbeOutput` that writes, draws
+        output: the :class:`~isoprobe.probing.probe_output.ProbeOutput` that writes, draws
             and logs its results.
     """
 

@@ -12,10 +12,6 @@ import pandas as pd
 import pytest
 import torch
 from hydra.utils import instantiate
-from isoprobe.callbacks import IsotropyProbe
-from isoprobe.callbacks.collect import ProbePlan, gather_subsampled_tokens, run_probe_forward
-from isoprobe.callbacks.plots import pca_coordinates
-from isoprobe.callbacks.records import keep_foreign_file, make_record, read_records, write_records
 from lightning.pytorch.loggers import CSVLogger
 from probe_toy import (
     RecordingLogger,
@@ -29,6 +25,10 @@ from probe_toy import (
 from sklearn.decomposition import PCA
 
 from isoprobe.metrics import ALL_METRICS, ProbeMetricsConfig, probe_metrics
+from isoprobe.probing import IsotropyProbe
+from isoprobe.probing.collect import ProbePlan, gather_subsampled_tokens, run_probe_forward
+from isoprobe.probing.plots import pca_coordinates
+from isoprobe.probing.records import keep_foreign_file, make_record, read_records, write_records
 
 LAYERS = ["embed", "encoder.0", "encoder.1"]
 METRIC_KEYS = {"n_tokens", *(key for keys in ALL_METRICS.values() for key in keys)}

@@ -8,13 +8,13 @@ import math
 import lightning as L
 import pytest
 import torch
-from isoprobe.callbacks import IsotropyProbe, RankProbe
-from isoprobe.callbacks.rank import _flow
-from isoprobe.callbacks.records import read_records
 from probe_toy import ToyData, ToyForecaster, seeded_subsample, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics import probe_metrics, reference
 from isoprobe.metrics.rank import rank_metric
+from isoprobe.probing import IsotropyProbe, RankProbe
+from isoprobe.probing.rank import _flow
+from isoprobe.probing.records import read_records
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 EPSILONS = (1e-3, 1e-2, 1e-1)

@@ -23,6 +23,8 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor, nn
 from torch.utils.data import Dataset, default_collate
 
+from isoprobe.probing.capture import capture_outputs, inference_mode_of, masked_rows
+
 log = logging.getLogger(__name__)
 
 WINDOW_SELECTIONS = ("first", "random")
@@ -117,23 +119,6 @@ class LocalTokens:
     window_means: Tensor | None = None  # [local windows, D] mean masked row (NaN: none)
 
 
-def _first_tensor(output: object) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
-@contextlib.contextmanager
-def _inference_mode_of(module: nn.Module) -> Iterator[None]:
-    """Eval mode and no grad, restoring every submodule's own train/eval flag afterwards."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
 @contextlib.contextmanager
 def _float32_forward(module: nn.Module, device_type: str) -> Iterator[None]:
     """Autocast off and every floating weight and buffer of ``module`` in float32 (those a
@@ -164,55 +149,11 @@ def _precision_context(
     return _float32_forward(module, trainer.strategy.root_device.type)
 
 
-@contextlib.contextmanager
-def _capture_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, list[Tensor]]]:
-    captured: dict[str, list[Tensor]] = {name: [] for name in layers}
-
-    def hook_for(name: str):
-        def hook(_module: nn.Module, _args: object, output: object) -> None:
-            captured[name].append(_first_tensor(output).detach())
-
-        return hook
-
-    handles = [module.register_forward_hook(hook_for(name)) for name, module in layers.items()]
-    try:
-        yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
 def _window_means(hidden: Tensor, mask: Tensor) -> Tensor:
     """[B, D]: each window's mean over its masked-true positions (NaN where it has none)."""
     flat = hidden.flatten(1, -2)
     weights = mask.flatten(1).to(flat.dtype)
     return (flat * weights[..., None]).sum(dim=1) / weights.sum(dim=1, keepdim=True)
-
-
-def _masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple[Tensor, list[int]]:
-    if len(outputs) != 1:
-        raise RuntimeError(
-            f"IsotropyProbe: layer {name!r} ran {len(outputs)} times in one probe_forward; "
-            "probe_forward must run each probed module exactly once (no generation loops)"
-        )
-    hidden = outputs[0]
-    if not isinstance(hidden, Tensor) or hidden.dim() < 3:
-        shape = tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__
-        raise RuntimeError(
-            f"IsotropyProbe: layer {name!r} must output [B, ..., D] (or a tuple starting with "
-            f"it), got {shape}; point probe_layers() at the module whose output is the "
-            "representation"
-        )
-    if mask is None:
-        mask = torch.ones(hidden.shape[:-1], dtype=torch.bool, device=hidden.device)
-    if tuple(mask.shape) != tuple(hidden.shape[:-1]):
-        raise RuntimeError(
-            f"IsotropyProbe: token_masks(batch, ...)[{name!r}] has shape {tuple(mask.shape)} "
-            f"but the layer's output is {tuple(hidden.shape)}; the mask must be its shape "
-            "without the width"
-        )
-    mask = mask.to(device=hidden.device, dtype=torch.bool)
-    return hidden[mask], mask.flatten(1).sum(dim=1).tolist()
 
 
 def _layer_mask(name: str, outputs: list[Tensor], masks: dict[str, Tensor]) -> Tensor:
@@ -249,7 +190,7 @@ def run_probe_forward(
     rows: dict[str, list[Tensor]] = {name: [] for name in layers}
     counts: dict[str, list[int]] = {name: [] for name in layers}
     means: dict[str, list[Tensor]] = {name: [] for name in pooled_layers}
-    with _inference_mode_of(pl_module), _capture_outputs(layers) as captured:
+    with inference_mode_of(pl_module), capture_outputs(layers) as captured:
         for batch_positions, is_padding in zip(plan.batches[rank], plan.padding[rank], strict=True):
             items = [dataset[windows[p]] for p in batch_positions]
             batch = trainer.strategy.batch_to_device(default_collate(items))
@@ -261,7 +202,7 @@ def run_probe_forward(
                 pl_module.probe_forward(batch)
             masks = {} if all_tokens else pl_module.token_masks(batch, list(layers))
             for name in layers:
-                kept, per_window = _masked_rows(name, captured[name], masks.get(name))
+                kept, per_window = masked_rows(name, captured[name], masks.get(name))
                 rows[name].append(kept[:0] if is_padding else kept)
                 if not is_padding:
                     counts[name] += per_window

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import lightning as L
 import pandas as pd
-from isoprobe.callbacks import IsotropyProbe
 from lightning.pytorch.callbacks import ModelCheckpoint
 from probe_toy import RecordingLogger, ToyData, ToyForecaster
+
+from isoprobe.probing import IsotropyProbe
 
 KEY = ["epoch", "layer", "metric"]
 

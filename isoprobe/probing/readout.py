@@ -18,11 +18,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-from isoprobe.callbacks.measurement import Row
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from isoprobe.metrics.readout import READOUT_NMSE, READOUT_SKILL, ridge_readout
+from isoprobe.probing.measurement import Row
 
 
 def scaled_horizon(context: Tensor, target: Tensor) -> Tensor:

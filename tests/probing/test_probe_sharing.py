@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 from hydra.utils import instantiate
-from isoprobe.callbacks import IsotropyProbe, RankProbe
 from probe_toy import ToyData, ToyForecaster, toy_trainer
+
+from isoprobe.probing import IsotropyProbe, RankProbe
 
 LEADER = dict(num_windows=8, batch_size=3, max_tokens=60, every_n_epochs=2, layers=["encoder.1"])
 

@@ -10,7 +10,7 @@ of singular values at least ε times the largest, :func:`isoprobe.metrics.epsilo
   the mean, and the two can differ widely). A block's output is the next block's input, so the
   ``embed`` row is the first block's embedded input and ``encoder.<i>`` the input of block
   i + 1: the flow-of-ranks of the representations (paper §4). The tokens come from the pass
-  the probes share (:mod:`isoprobe.callbacks.probe`): with the isotropy probe in the same
+  the probes share (:mod:`isoprobe.probing.probe`): with the isotropy probe in the same
   Trainer, no second forward pass.
 - ``rank_<p>_eps<ε>`` for each attention projection p in q, k, v, o of every block (the model's
   ``attention_weights()``, fused projections split): the flow-of-ranks of the weights (paper
@@ -33,9 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from isoprobe.callbacks.measurement import Measurement, Row
-from isoprobe.callbacks.plots import save_flow_of_ranks, save_spectra
-from isoprobe.callbacks.probe import Probe
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
@@ -47,6 +44,9 @@ from isoprobe.metrics.rank import (
     singular_values,
 )
 from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
+from isoprobe.probing.measurement import Measurement, Row
+from isoprobe.probing.plots import save_flow_of_ranks, save_spectra
+from isoprobe.probing.probe import Probe
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
 FLOW_DIR = "flow_of_ranks"

@@ -9,10 +9,10 @@ import copy
 import lightning as L
 import pandas as pd
 import pytest
-from isoprobe.callbacks import IsotropyProbe
 from probe_toy import ToyData, ToyForecaster, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics import linear_cka
+from isoprobe.probing import IsotropyProbe
 from isoprobe.tasks import run_task
 
 PROBE_SET = dict(num_windows=6, batch_size=3, max_tokens=10_000)

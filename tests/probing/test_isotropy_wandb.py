@@ -9,10 +9,10 @@ import math
 import lightning as L
 import pandas as pd
 import pytest
-from isoprobe.callbacks import IsotropyProbe, RankProbe
 from lightning.pytorch.loggers import WandbLogger
 from probe_toy import ToyData, ToyForecaster
 
+from isoprobe.probing import IsotropyProbe, RankProbe
 from tests.conftest import wandb_home_env, wandb_records
 
 

@@ -7,11 +7,11 @@ import math
 
 import lightning as L
 import torch
-from isoprobe.callbacks import IsotropyProbe, RankProbe
 from probe_toy import ToyData, ToyForecaster
 
 from isoprobe.metrics import reference
 from isoprobe.metrics.rank import rank_metric
+from isoprobe.probing import IsotropyProbe, RankProbe
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROJECTIONS = ("q", "k", "v", "o")

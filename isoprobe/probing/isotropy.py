@@ -1,6 +1,6 @@
 """IsotropyProbe: the geometry of every layer's hidden representations over training.
 
-On the probe set (see :mod:`isoprobe.callbacks.probe` for the schedule, the probe set and the
+On the probe set (see :mod:`isoprobe.probing.probe` for the schedule, the probe set and the
 shared collection pass), each layer's collected tokens, at most ``max_tokens`` rows subsampled
 with a fixed seed, go through :func:`isoprobe.metrics.probe_metrics` in float64 (definitions:
 :mod:`isoprobe.metrics.reference`).
@@ -11,7 +11,7 @@ every probe), ``pca/<layer>_epoch<e>.png`` and, at the end of fit, ``probe_traje
 the output directory; with a W&B logger also a per-epoch table and 3-D PCA point clouds. With
 ``save_window_means``, each probe window's mean real token per layer goes to
 ``window_means/epoch0.safetensors`` and ``window_means/last.safetensors``
-(:mod:`isoprobe.callbacks.window_means`).
+(:mod:`isoprobe.probing.window_means`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from isoprobe.callbacks.hub import Collected, val_dataset
-from isoprobe.callbacks.measurement import Measurement, Row
-from isoprobe.callbacks.plots import cluster_colours, pca_coordinates, save_point_cloud
-from isoprobe.callbacks.probe import Probe
-from isoprobe.callbacks.publish import PointCloud, point_clouds
-from isoprobe.callbacks.readout import ReadoutMeasures
-from isoprobe.callbacks.records import DEFAULT_PROBE
-from isoprobe.callbacks.similarity import HEATMAP_DIR, PAIRS_CSV, LayerMatrix, SimilarityMeasures
-from isoprobe.callbacks.window_means import DIRECTORY, FILES, window_identity, write_window_means
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -37,6 +28,15 @@ from tqdm.auto import tqdm
 
 from isoprobe.metrics import ClusterCosine, ProbeMetricsConfig, Tokens, measure_tokens
 from isoprobe.metrics.plugins import import_plugins
+from isoprobe.probing.hub import Collected, val_dataset
+from isoprobe.probing.measurement import Measurement, Row
+from isoprobe.probing.plots import cluster_colours, pca_coordinates, save_point_cloud
+from isoprobe.probing.probe import Probe
+from isoprobe.probing.publish import PointCloud, point_clouds
+from isoprobe.probing.readout import ReadoutMeasures
+from isoprobe.probing.records import DEFAULT_PROBE
+from isoprobe.probing.similarity import HEATMAP_DIR, PAIRS_CSV, LayerMatrix, SimilarityMeasures
+from isoprobe.probing.window_means import DIRECTORY, FILES, window_identity, write_window_means
 
 CSV_NAME = "probe_metrics.csv"
 TRAJECTORY_PNG = "probe_trajectories.png"
@@ -63,15 +63,15 @@ class IsotropyProbe(Probe):
             ``ed_threshold``, ``rank_eps``); ``seed`` defaults to this callback's ``seed``.
         plugins: modules to import first, whose measures (registered with
             :func:`isoprobe.metrics.register_measure`) then run with the built-in ones.
-        similarity: :class:`~isoprobe.callbacks.similarity.SimilarityMeasures` options (``drift``,
+        similarity: :class:`~isoprobe.probing.similarity.SimilarityMeasures` options (``drift``,
             ``layer_pairs``, ``debiased``): the two-token-set measures ``cka_drift`` and
             ``cka_prev`` and the layer-against-layer CKA heatmap; None = off (the default here;
             on in ``configs/callbacks/isotropy.yaml``).
-        readout: :class:`~isoprobe.callbacks.readout.ReadoutMeasures` options
+        readout: :class:`~isoprobe.probing.readout.ReadoutMeasures` options
             (``train_fraction``): the per-layer ridge readout ``readout_nmse``,
             ``readout_skill``; None = off (the default here; on in the config).
         save_window_means: save each probe window's mean real token per probed layer
-            (:mod:`~isoprobe.callbacks.window_means`: ``window_means/epoch0.safetensors`` and
+            (:mod:`~isoprobe.probing.window_means`: ``window_means/epoch0.safetensors`` and
             ``window_means/last.safetensors``), for ``task=analyze``'s model-against-model CKA;
             off here, on in the config.
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and

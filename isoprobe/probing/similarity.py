@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from isoprobe.callbacks.measurement import Row
-from isoprobe.callbacks.plots import save_similarity_heatmap
 from torch import Tensor
 
 from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
+from isoprobe.probing.measurement import Row
+from isoprobe.probing.plots import save_similarity_heatmap
 
 HEATMAP_DIR = "cka_layers"
 PAIRS_CSV = "cka_layers.csv"

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 from ddp_probe_run import EPOCHS, datamodule, probes
-from isoprobe.callbacks.window_means import DIRECTORY, FILES, read_window_means
 from probe_toy import ToyForecaster
+
+from isoprobe.probing.window_means import DIRECTORY, FILES, read_window_means
 
 SCRIPT = Path(__file__).with_name("ddp_probe_run.py")
 RECORDS = ("probe_metrics.csv", "rank_metrics.csv")

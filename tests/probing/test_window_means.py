@@ -14,20 +14,20 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from isoprobe.callbacks import IsotropyProbe
-from isoprobe.callbacks.window_means import (
-    DIRECTORY,
-    FILES,
-    WindowMeansError,
-    read_window_means,
-    write_window_means,
-)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from probe_toy import CONTEXT, HORIZON, ToyData, ToyForecaster, tokens_by_hand, toy_trainer
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
 
 from isoprobe.data.windows import WindowDataset
+from isoprobe.probing import IsotropyProbe
+from isoprobe.probing.window_means import (
+    DIRECTORY,
+    FILES,
+    WindowMeansError,
+    read_window_means,
+    write_window_means,
+)
 
 PROBE = dict(num_windows=7, batch_size=3, pca_layers=[], metrics={"metrics": ["cos_inter"]})
 
