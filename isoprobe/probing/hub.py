@@ -5,9 +5,9 @@
   ``trainer.callbacks``. A probe with ``follow=<name>`` takes the probe set and schedule
   (:data:`FOLLOWED`) of the member of that name, whichever of the two joins first.
 - **The schedule.** Whichever member's Lightning hook fires first at a probe time (before the
-  first training step, after a training epoch, after a validation-only run) asks the hub to
-  :meth:`~ProbeHub.probe`, and the hub runs every member due then; the others' hooks find
-  their epoch done.
+  first training step, after a training epoch or an optimizer step, after a validation-only
+  run) asks the hub to :meth:`~ProbeHub.probe`, and the hub runs every member due then by its
+  :class:`~isoprobe.probing.schedule.Schedule`; the others' hooks find that time done.
 - **The collection pass.** Members whose :class:`TokenRequest` is equal (the same windows,
   site, tokens, batch size, token count, seed and precision) read ONE forward pass
   (:mod:`isoprobe.probing.collect`): the union of their layers, each member takes its own,
@@ -37,11 +37,18 @@ from isoprobe.probing.collect import (
     gather_window_means,
     run_probe_forward,
 )
+from isoprobe.probing.schedule import Schedule
+
+#: what asks the hub to probe: the start of training, the end of a training epoch, the end of an
+#: optimizer step, a validation-only run
+MOMENTS = ("start", "epoch", "step", "validate")
 
 #: what a probe takes from the probe it follows: its probe set (so both read one pass) and its
 #: schedule (so they probe at the same times)
 FOLLOWED = (
     "every_n_epochs",
+    "every_n_steps",
+    "log_spaced_steps",
     "num_windows",
     "window_selection",
     "max_tokens",
@@ -84,7 +91,7 @@ class Member(Protocol):
     name: str
     follow: str | None
     own_settings: dict[str, Any]
-    every_n_epochs: int
+    schedule: Schedule
     reads_tokens: bool
     pools_windows: bool
 
@@ -92,7 +99,7 @@ class Member(Protocol):
 
     def probed_layers(self, pl_module: LightningModule) -> dict[str, nn.Module]: ...
 
-    def has_probed(self, epoch: int) -> bool: ...
+    def has_probed(self, epoch: int, step: int) -> bool: ...
 
     def take(
         self,
@@ -158,17 +165,17 @@ class ProbeHub:
         pl_module: LightningModule,
         epoch: int,
         step: int,
-        after_epoch: bool,
+        moment: str,
     ) -> None:
-        """Probe every member due at ``epoch`` (labelled ``step``): not yet probed then and,
-        ``after_epoch`` (the end of a training epoch), on its ``every_n_epochs`` schedule. One
-        pass per distinct request."""
+        """Probe every member due at ``epoch`` and ``step``: not yet probed then and, at the end
+        of a training epoch or optimizer step (``moment``, one of :data:`MOMENTS`), due by its
+        schedule. One pass per distinct request."""
         if trainer.fast_dev_run or trainer.sanity_checking:
             return
         due = [
             m
             for m in self._members
-            if not m.has_probed(epoch) and (not after_epoch or epoch % m.every_n_epochs == 0)
+            if not m.has_probed(epoch, step) and _due(m.schedule, moment, epoch, step, trainer)
         ]
         groups: dict[TokenRequest | None, list[Member]] = {}
         for member in due:
@@ -209,6 +216,14 @@ class ProbeHub:
                 mine.pooled = {layer: pooled[layer] for layer in own}
             taken.append(mine)
         return taken
+
+
+def _due(schedule: Schedule, moment: str, epoch: int, step: int, trainer: Trainer) -> bool:
+    if moment == "epoch":
+        return schedule.after_epoch(epoch)
+    if moment == "step":
+        return schedule.after_step(step, trainer.estimated_stepping_batches)
+    return True
 
 
 def _apply(follower: Member, leader: Member, defaults: Mapping[str, Any]) -> None:

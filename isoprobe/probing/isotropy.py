@@ -7,7 +7,8 @@ with a fixed seed, go through :func:`isoprobe.metrics.probe_metrics` in float64 
 
 Outputs: ``probe/<metric>/<layer>`` and ``probe/epoch`` to every logger (rank zero);
 ``csv_name`` (``probe_metrics.csv``: one row per epoch x layer x metric, rewritten atomically
-every probe), ``pca/<layer>_epoch<e>.png`` and, at the end of fit, ``probe_trajectories.png`` in
+every probe), ``pca/<layer>_<label>.png`` (``epoch<e>``, or ``step<s>`` in a schedule in
+steps) and, at the end of fit, ``probe_trajectories.png`` in
 the output directory; with a W&B logger also a per-epoch table and 3-D PCA point clouds. With
 ``save_window_means``, each probe window's mean real token per layer goes to
 ``window_means/epoch0.safetensors`` and ``window_means/last.safetensors``
@@ -35,6 +36,7 @@ from isoprobe.probing.probe import Probe
 from isoprobe.probing.publish import PointCloud, point_clouds
 from isoprobe.probing.readout import ReadoutMeasures
 from isoprobe.probing.records import DEFAULT_PROBE
+from isoprobe.probing.schedule import ProbeTime
 from isoprobe.probing.similarity import HEATMAP_DIR, PAIRS_CSV, LayerMatrix, SimilarityMeasures
 from isoprobe.probing.window_means import DIRECTORY, FILES, window_identity, write_window_means
 
@@ -83,7 +85,7 @@ class IsotropyProbe(Probe):
 
     Attributes:
         records: every row so far; ``probed_epochs``: the epochs probed; ``window_indices``:
-        the probe set; ``seconds``: wall time of each probe by epoch.
+        the probe set; ``seconds``: wall time of each probe by step.
     """
 
     def __init__(
@@ -121,7 +123,7 @@ class IsotropyProbe(Probe):
         trainer: Trainer,
         pl_module: LightningModule,
         tokens: dict[str, Tensor] | None,
-        epoch: int,
+        when: ProbeTime,
     ) -> Measurement:
         pca_layers = set(self._pca_layers(self.probed_layers(pl_module)))
         rows: list[Row] = []
@@ -129,11 +131,11 @@ class IsotropyProbe(Probe):
         show = trainer.is_global_zero and trainer.progress_bar_callback is not None
         previous: tuple[str, Tokens | None] = ("", None)
         for layer, X in tqdm(
-            tokens.items(), desc=f"isotropy probe, epoch {epoch}", leave=False, disable=not show
+            tokens.items(), desc=f"isotropy probe, {when.label}", leave=False, disable=not show
         ):
             before = previous[1] if _same_tokens(previous[0], layer) else None
             values, measured, clusters = self._measure_layer(
-                layer, X, epoch, before, layer in pca_layers
+                layer, X, when.title, before, layer in pca_layers
             )
             if clusters is not None:
                 clouds[layer] = PointCloud(
@@ -145,7 +147,7 @@ class IsotropyProbe(Probe):
             previous = (layer, measured)
         matrix = None
         if self.similarity is not None:
-            pair_rows, matrix = self.similarity.measure(tokens, epoch)
+            pair_rows, matrix = self.similarity.measure(tokens, when)
             rows += pair_rows
         if self.readout is not None:
             targets = self.readout.targets(val_dataset(trainer), self.window_indices)
@@ -165,11 +167,14 @@ class IsotropyProbe(Probe):
         if trainer.is_global_zero and self.similarity is not None and self.similarity.layer_pairs:
             self.similarity.write_pairs(self.output_path / PAIRS_CSV)
         if trainer.is_global_zero and self.save_window_means and collected is not None:
-            self._write_window_means(trainer, collected.pooled or {}, epoch)
+            self._write_window_means(trainer, collected.pooled or {}, ProbeTime(epoch, step))
 
-    def _write_window_means(self, trainer: Trainer, means: dict[str, Tensor], epoch: int) -> None:
-        """The window means of this probe as ``last`` and, at epoch 0, also as ``epoch0``
-        (global rank zero; the gathered means are the same on every rank)."""
+    def _write_window_means(
+        self, trainer: Trainer, means: dict[str, Tensor], when: ProbeTime
+    ) -> None:
+        """The window means of this probe as ``last`` and, at step 0 (the model before
+        training), also as ``epoch0`` (global rank zero; the gathered means are the same on
+        every rank)."""
         identity = window_identity(val_dataset(trainer), self.window_indices)
         if identity is None:
             if not self._unsaved_warned:
@@ -180,39 +185,38 @@ class IsotropyProbe(Probe):
                 )
                 self._unsaved_warned = True
             return
-        kinds = ("epoch0", "last") if epoch == 0 else ("last",)
+        kinds = ("epoch0", "last") if when.step == 0 and when.epoch == 0 else ("last",)
         for kind in kinds:
             path = self.output_path / DIRECTORY / FILES[kind]
-            write_window_means(path, means, *identity, epoch)
+            write_window_means(path, means, *identity, when.epoch)
 
-    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
+    def save_artefacts(self, directory: Path, when: ProbeTime, measurement: Measurement) -> None:
         for layer, cloud in measurement.artefacts.clouds.items():
             save_point_cloud(
-                directory / PCA_DIR / f"{layer}_epoch{epoch}.png",
+                directory / PCA_DIR / f"{layer}_{when.label}.png",
                 cloud.coords,
                 cloud.colours,
-                f"{layer}, epoch {epoch}: {len(cloud.coords)} tokens, "
+                f"{layer}, {when.title}: {len(cloud.coords)} tokens, "
                 f"{cloud.num_clusters} cluster(s)",
             )
         if self.similarity is not None:
-            path = directory / HEATMAP_DIR / f"epoch{epoch}.png"
-            self.similarity.save_heatmap(path, epoch, measurement.artefacts.matrix)
+            path = directory / HEATMAP_DIR / f"{when.label}.png"
+            self.similarity.save_heatmap(path, when.title, measurement.artefacts.matrix)
 
-    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
+    def wandb_media(self, when: ProbeTime, measurement: Measurement) -> dict[str, Any]:
         media = point_clouds(self.log_prefix, measurement.artefacts.clouds)
-        paths = self.figure_paths(epoch)
+        paths = self.figure_paths(when)
         if paths:
             import wandb
 
             media.update((k, wandb.Image(str(p))) for k, p in paths.items() if p.is_file())
         return media
 
-    def figure_paths(self, epoch: int) -> dict[str, Path]:
+    def figure_paths(self, when: ProbeTime) -> dict[str, Path]:
         if self.similarity is None or not self.similarity.layer_pairs:
             return {}
-        return {
-            f"{self.log_prefix}/cka_layers": self.output_path / HEATMAP_DIR / f"epoch{epoch}.png"
-        }
+        path = self.output_path / HEATMAP_DIR / f"{when.label}.png"
+        return {f"{self.log_prefix}/cka_layers": path}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -240,7 +244,7 @@ class IsotropyProbe(Probe):
         return list(dict.fromkeys([candidates[0], candidates[-1]])) if candidates else []
 
     def _measure_layer(
-        self, layer: str, X: Tensor, epoch: int, previous: Tokens | None, with_cloud: bool
+        self, layer: str, X: Tensor, label: str, previous: Tokens | None, with_cloud: bool
     ) -> tuple[dict[str, tuple[float, str]], Tokens | None, ClusterCosine | None]:
         """metric -> (value, note) of one layer's tokens, the measured :class:`Tokens` (None
         when the layer was not measured) and, ``with_cloud``, its clustering for the cloud.
@@ -253,12 +257,12 @@ class IsotropyProbe(Probe):
             values = measure_tokens(measured)
             clusters = measured.clusters if with_cloud else None
         except ValueError as err:
-            rank_zero_warn(f"IsotropyProbe: layer {layer} at epoch {epoch} not measured: {err}")
+            rank_zero_warn(f"IsotropyProbe: layer {layer} at {label} not measured: {err}")
             return {ERROR_METRIC: (math.nan, str(err))}, None, None
         undefined = [m for m, v in values.items() if math.isnan(v)]
         if undefined:
             rank_zero_warn(
-                f"IsotropyProbe: layer {layer} at epoch {epoch} is degenerate "
+                f"IsotropyProbe: layer {layer} at {label} is degenerate "
                 f"({X.shape[0]} tokens): {undefined} undefined (NaN)"
             )
         ordered = {TOKENS_METRIC: (float(X.shape[0]), "")}

@@ -2,7 +2,8 @@
 
 The :class:`~isoprobe.probing.hub.ProbeHub` of the Trainer owns what the probes share: the
 schedule (epoch 0, the model as loaded, before the first training step; then after every
-``every_n_epochs``-th epoch, after that epoch's validation; a validation-only run
+``every_n_epochs``-th epoch, after that epoch's validation, or by optimizer steps:
+:mod:`isoprobe.probing.schedule`; a validation-only run
 (``trainer.validate``) once, labelled with the epoch its weights were saved after; never in the
 sanity check or under ``fast_dev_run``), following, and the collection pass (the real tokens of
 every probed layer, :mod:`isoprobe.probing.collect`, run ONCE per probe time for the probes
@@ -11,7 +12,7 @@ setup, chooses and keeps its probe set of validation windows (in the checkpoint)
 the hub hands it, and keeps its records (``probe, epoch, global_step, layer, metric, value,
 note``), which :class:`~isoprobe.probing.probe_output.ProbeOutput` writes to their CSV file,
 draws and publishes to every logger under the probe's ``log_prefix`` (W&B: plotted against
-``<prefix>/epoch``, a table per epoch, media the probe adds); its checkpoint state goes under a
+``<prefix>/step``, a table per probe, media the probe adds); its checkpoint state goes under a
 unique ``state_key`` (the probe's ``name``).
 
 A subclass implements :meth:`Probe.measure` (and, for pictures, :meth:`Probe.save_artefacts`
@@ -39,6 +40,7 @@ from isoprobe.probing.hub import FOLLOWED, Collected, ProbeHub, TokenRequest, va
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.probe_output import ProbeOutput
 from isoprobe.probing.records import make_record
+from isoprobe.probing.schedule import ProbeTime, Schedule
 
 __all__ = ["Measurement", "Probe", "Row"]
 
@@ -51,6 +53,9 @@ class Probe(Callback, ABC):
     Args:
         name: the probe's name: its records' ``probe`` field and its checkpoint state key.
         every_n_epochs: probe after every n-th training epoch (epoch 0 is always probed).
+        every_n_steps: probe after every n-th optimizer step instead (step 0 is always probed).
+        log_spaced_steps: probe at this many steps, log-spaced from step 0 to the last, instead
+            (:class:`~isoprobe.probing.schedule.Schedule`).
         num_windows: size of the fixed probe set of validation windows.
         window_selection: ``first`` windows of ``datamodule.val_dataset`` | ``random`` (seeded).
         max_tokens: tokens per layer, subsampled with a fixed seed.
@@ -100,6 +105,8 @@ class Probe(Callback, ABC):
         trajectory_png: str,
         log_prefix: str,
         every_n_epochs: int = 1,
+        every_n_steps: int | None = None,
+        log_spaced_steps: int | None = None,
         num_windows: int = 32,
         window_selection: str = "first",
         max_tokens: int = 2000,
@@ -114,8 +121,7 @@ class Probe(Callback, ABC):
         precision: str = "float32",
         follow: str | None = None,
     ) -> None:
-        if every_n_epochs < 1:
-            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        Schedule(every_n_epochs, every_n_steps, log_spaced_steps)  # refuses a bad schedule
         if figures_every_n_epochs < -1:
             raise ValueError(
                 f"figures_every_n_epochs must be >= -1 (0: first and last probe only, -1: "
@@ -149,6 +155,8 @@ class Probe(Callback, ABC):
         self.trajectory_png = trajectory_png
         self.log_prefix = log_prefix
         self.every_n_epochs = int(every_n_epochs)
+        self.every_n_steps = None if every_n_steps is None else int(every_n_steps)
+        self.log_spaced_steps = None if log_spaced_steps is None else int(log_spaced_steps)
         self.num_windows = int(num_windows)
         self.window_selection = window_selection
         self.max_tokens = int(max_tokens)
@@ -169,10 +177,11 @@ class Probe(Callback, ABC):
         self.output = ProbeOutput(self)
 
         self._records: list[dict[str, Any]] = []
-        self._probed_epochs: set[int] = set()
+        self._probed: set[tuple[int, int]] = set()
         self._window_indices: list[int] | None = None
         self._dir: Path | None = None
         self._saved_at: tuple[int, int] | None = None
+        #: wall time of each probe by step
         self.seconds: dict[int, float] = {}
         #: during :meth:`measure` of a probe that pools windows: layer -> [windows, D]
         self.window_means: dict[str, Tensor] | None = None
@@ -185,21 +194,21 @@ class Probe(Callback, ABC):
         trainer: Trainer,
         pl_module: LightningModule,
         tokens: dict[str, Tensor] | None,
-        epoch: int,
+        when: ProbeTime,
     ) -> Measurement:
         """The probe's rows from ``tokens`` (layer -> [N, D] collected rows, the same on every
         rank; None if the probe does not read tokens) and/or the model's weights (a probe that
         pools windows finds each window's mean token in :attr:`window_means`)."""
 
-    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
-        """Write the probe's pictures of one epoch under ``directory`` (global rank zero)."""
+    def save_artefacts(self, directory: Path, when: ProbeTime, measurement: Measurement) -> None:
+        """Write the probe's pictures of one probe under ``directory`` (global rank zero)."""
 
-    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
-        """W&B media of one epoch, logged in the same history row as its values."""
+    def wandb_media(self, when: ProbeTime, measurement: Measurement) -> dict[str, Any]:
+        """W&B media of one probe, logged in the same history row as its values."""
         return {}
 
-    def figure_paths(self, epoch: int) -> dict[str, Path]:
-        """The pictures of one epoch that go to W&B as images (key -> PNG), once drawn."""
+    def figure_paths(self, when: ProbeTime) -> dict[str, Path]:
+        """The pictures of one probe that go to W&B as images (key -> PNG), once drawn."""
         return {}
 
     # ---------------------------------------------------------------- public state
@@ -209,8 +218,12 @@ class Probe(Callback, ABC):
         """The hub of the Trainer (the shared collection pass), as :attr:`hub`."""
         return self.hub
 
-    def has_probed(self, epoch: int) -> bool:
-        return epoch in self._probed_epochs
+    @property
+    def schedule(self) -> Schedule:
+        return Schedule(self.every_n_epochs, self.every_n_steps, self.log_spaced_steps)
+
+    def has_probed(self, epoch: int, step: int) -> bool:
+        return (epoch, step) in self._probed
 
     @property
     @override
@@ -227,7 +240,11 @@ class Probe(Callback, ABC):
 
     @property
     def probed_epochs(self) -> list[int]:
-        return sorted(self._probed_epochs)
+        return sorted({epoch for epoch, _ in self._probed})
+
+    @property
+    def probed_steps(self) -> list[int]:
+        return sorted({step for _, step in self._probed})
 
     @property
     def window_indices(self) -> list[int] | None:
@@ -264,9 +281,7 @@ class Probe(Callback, ABC):
             # a resumed run's file starts with the trajectory so far
             self.output.write_csv(trainer, self._records)
         if trainer.global_step == 0:
-            self.hub.probe(
-                trainer, pl_module, trainer.current_epoch, trainer.global_step, after_epoch=False
-            )
+            self.hub.probe(trainer, pl_module, trainer.current_epoch, trainer.global_step, "start")
         elif not self._records:
             rank_zero_info(
                 f"{type(self).__name__}: resuming from a checkpoint without probe records; the "
@@ -278,13 +293,24 @@ class Probe(Callback, ABC):
         # Lightning runs the epoch-end validation before this hook, so this is the probe
         # "at the end of validation" of the epoch, whatever val_check_interval says
         epoch = trainer.current_epoch + 1
-        self.hub.probe(trainer, pl_module, epoch, trainer.global_step, after_epoch=True)
+        self.hub.probe(trainer, pl_module, epoch, trainer.global_step, "epoch")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.schedule.by_steps:
+            return
+        # the epoch label counts the epochs completed, as the probe after an epoch's end does
+        last = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        epoch = trainer.current_epoch + int(last)
+        self.hub.probe(trainer, pl_module, epoch, trainer.global_step, "step")
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.VALIDATING and not trainer.sanity_checking:
             epoch, step = self._saved_at or (trainer.current_epoch, trainer.global_step)
-            self.hub.probe(trainer, pl_module, epoch, step, after_epoch=False)
+            self.hub.probe(trainer, pl_module, epoch, step, "validate")
 
     @override
     def on_load_checkpoint(
@@ -306,7 +332,7 @@ class Probe(Callback, ABC):
     def state_dict(self) -> dict[str, Any]:
         return {
             "records": [dict(r) for r in self._records],
-            "probed_epochs": sorted(self._probed_epochs),
+            "probed": sorted(self._probed),
             "window_indices": self._window_indices,
             "seed": self.seed,
             "max_tokens": self.max_tokens,
@@ -318,9 +344,9 @@ class Probe(Callback, ABC):
         # its trajectory: this run's records are its own
         if self._saved_at is None:
             self._records = [dict(r) for r in state_dict["records"]]
-            self._probed_epochs = set(
-                state_dict.get("probed_epochs", (int(r["epoch"]) for r in self._records))
-            )
+            self._probed = {(int(r["epoch"]), int(r["global_step"])) for r in self._records} | {
+                (int(epoch), int(step)) for epoch, step in state_dict.get("probed", ())
+            }
         self._window_indices = state_dict["window_indices"]
         changed = {
             key: (state_dict[key], getattr(self, key))
@@ -381,12 +407,13 @@ class Probe(Callback, ABC):
         step: int,
         pass_seconds: float,
     ) -> None:
-        """Measure what the hub collected at ``epoch`` (labelled ``step``; ``pass_seconds``: the
-        share of the collection pass this probe's time counts), record and publish it."""
+        """Measure what the hub collected at ``epoch`` and ``step`` (``pass_seconds``: the share
+        of the collection pass this probe's time counts), record and publish it."""
         started = time.perf_counter()
         self.window_means = None if collected is None else collected.pooled
         tokens = None if collected is None else collected.tokens
-        measurement = self.measure(trainer, pl_module, tokens, epoch)
+        when = ProbeTime(epoch, step, self.schedule.by_steps)
+        measurement = self.measure(trainer, pl_module, tokens, when)
         self.window_means = None
         del tokens, collected
         records = [
@@ -394,7 +421,9 @@ class Probe(Callback, ABC):
             for r in measurement.rows
         ]
         self._records += records
-        self._probed_epochs.add(epoch)
-        self.seconds[epoch] = pass_seconds + time.perf_counter() - started
+        self._probed.add((epoch, step))
+        self.seconds[step] = pass_seconds + time.perf_counter() - started
         if trainer.is_global_zero:
-            self.output.publish(trainer, epoch, step, records, measurement, self._records)
+            self.output.publish(
+                trainer, when, records, measurement, self._records, self.seconds[step]
+            )

@@ -17,8 +17,9 @@ from lightning.pytorch.loggers import WandbLogger
 
 from isoprobe.probing.measurement import Measurement
 from isoprobe.probing.plots import save_trajectories
-from isoprobe.probing.publish import log_epoch, log_image, records_table, scalar_metrics
+from isoprobe.probing.publish import log_image, log_probe, records_table, scalar_metrics
 from isoprobe.probing.records import keep_foreign_file, write_records
+from isoprobe.probing.schedule import ProbeTime
 
 
 class Published(Protocol):
@@ -28,7 +29,6 @@ class Published(Protocol):
     log_tables: bool
     figures_every_n_epochs: int
     trajectory_png: str
-    seconds: dict[int, float]
 
     @property
     def csv_path(self) -> Path: ...
@@ -36,11 +36,13 @@ class Published(Protocol):
     @property
     def output_path(self) -> Path: ...
 
-    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None: ...
+    def save_artefacts(
+        self, directory: Path, when: ProbeTime, measurement: Measurement
+    ) -> None: ...
 
-    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]: ...
+    def wandb_media(self, when: ProbeTime, measurement: Measurement) -> dict[str, Any]: ...
 
-    def figure_paths(self, epoch: int) -> dict[str, Path]: ...
+    def figure_paths(self, when: ProbeTime) -> dict[str, Path]: ...
 
 
 class ProbeOutput:
@@ -56,7 +58,7 @@ class ProbeOutput:
         self.csv_checked = False
         self._wandb_defined: set[int] = set()
         self._drawn_any = False
-        self._undrawn: tuple[int, Measurement] | None = None
+        self._undrawn: tuple[ProbeTime, Measurement] | None = None
 
     def new_directory(self) -> None:
         """The probe was set up again, maybe in another directory: check its CSV file anew
@@ -75,37 +77,37 @@ class ProbeOutput:
     def publish(
         self,
         trainer: Trainer,
-        epoch: int,
-        step: int,
+        when: ProbeTime,
         records: list[dict[str, Any]],
         measurement: Measurement,
         all_records: list[dict[str, Any]],
+        seconds: float,
     ) -> None:
-        """One probed epoch (its ``records`` among ``all_records``): the CSV, the pictures when
-        the schedule draws them, the loggers."""
+        """One probe (its ``records`` among ``all_records``, which took ``seconds``): the CSV,
+        the pictures when the schedule draws them, the loggers."""
         probe = self.probe
         self.write_csv(trainer, all_records)
         every = probe.figures_every_n_epochs
-        if every >= 0 and (not self._drawn_any or (every > 0 and epoch % every == 0)):
-            self._draw(epoch, measurement)
+        if every >= 0 and (not self._drawn_any or (every > 0 and when.epoch % every == 0)):
+            self._draw(when, measurement)
         elif every >= 0:
-            self._undrawn = (epoch, measurement)
-        metrics = scalar_metrics(probe.log_prefix, epoch, records, probe.seconds[epoch])
+            self._undrawn = (when, measurement)
+        metrics = scalar_metrics(probe.log_prefix, when, records, seconds)
         media = None
         if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
-            media = probe.wandb_media(epoch, measurement) if every >= 0 else {}
+            media = probe.wandb_media(when, measurement) if every >= 0 else {}
             if probe.log_tables:
-                media[f"{probe.log_prefix}/table"] = records_table(epoch, records)
-        log_epoch(trainer.loggers, step, probe.log_prefix, metrics, media, self._wandb_defined)
+                media[f"{probe.log_prefix}/table"] = records_table(when.epoch, records)
+        log_probe(trainer.loggers, when, probe.log_prefix, metrics, media, self._wandb_defined)
 
     def finish(self, trainer: Trainer, all_records: list[dict[str, Any]]) -> None:
         """At the end of fit: the last probe's pictures if the schedule left them undrawn, and
         the trajectory plot of every metric against epoch."""
         probe = self.probe
         if trainer.is_global_zero and self._undrawn is not None:
-            epoch, measurement = self._undrawn
-            self._draw(epoch, measurement)
-            for key, path in probe.figure_paths(epoch).items():
+            when, measurement = self._undrawn
+            self._draw(when, measurement)
+            for key, path in probe.figure_paths(when).items():
                 if path.is_file():
                     log_image(trainer.loggers, key, path)
         if trainer.is_global_zero and all_records:
@@ -113,7 +115,7 @@ class ProbeOutput:
             if save_trajectories(path, all_records):
                 log_image(trainer.loggers, f"{probe.log_prefix}/trajectories", path)
 
-    def _draw(self, epoch: int, measurement: Measurement) -> None:
-        self.probe.save_artefacts(self.probe.output_path, epoch, measurement)
+    def _draw(self, when: ProbeTime, measurement: Measurement) -> None:
+        self.probe.save_artefacts(self.probe.output_path, when, measurement)
         self._drawn_any = True
         self._undrawn = None

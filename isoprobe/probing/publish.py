@@ -1,8 +1,9 @@
 """Send one probed epoch to the trainer's loggers (call on global rank zero only).
 
-Every logger gets ``<prefix>/<metric>/<layer>``, ``<prefix>/epoch`` and ``<prefix>/seconds``
+Every logger gets ``<prefix>/<metric>/<layer>``, ``<prefix>/epoch``, ``<prefix>/step`` and
+``<prefix>/seconds``
 (``prefix`` is the probe's ``log_prefix``: ``probe`` for the isotropy probe, ``rank`` for the
-rank probe); W&B additionally gets ``<prefix>/*`` plotted against ``<prefix>/epoch``
+rank probe); W&B additionally gets ``<prefix>/*`` plotted against ``<prefix>/step``
 (``define_metric``), a table of the epoch's rows and the media the probe adds (point clouds,
 spectra, plots).
 """
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
+
+from isoprobe.probing.schedule import ProbeTime
 
 log = logging.getLogger(__name__)
 
@@ -36,25 +39,27 @@ class PointCloud:
 
 
 def scalar_metrics(
-    prefix: str, epoch: int, records: Sequence[Mapping[str, Any]], seconds: float
+    prefix: str, when: ProbeTime, records: Sequence[Mapping[str, Any]], seconds: float
 ) -> dict[str, float]:
-    """``<prefix>/<metric>/<layer>`` for every measured value, ``<prefix>/epoch`` and
-    ``<prefix>/seconds`` (the probe's wall time). Failed layers (metric ``error``) are left out."""
+    """``<prefix>/<metric>/<layer>`` for every measured value, ``<prefix>/epoch``,
+    ``<prefix>/step`` and ``<prefix>/seconds`` (the probe's wall time). Failed layers (metric
+    ``error``) are left out."""
     metrics: dict[str, float] = {
         f"{prefix}/{r['metric']}/{r['layer']}": r["value"]
         for r in records
         if r["metric"] != "error"
     }
-    metrics[f"{prefix}/epoch"] = epoch
+    metrics[f"{prefix}/epoch"] = when.epoch
+    metrics[f"{prefix}/step"] = when.step
     metrics[f"{prefix}/seconds"] = seconds
     return metrics
 
 
 def define_wandb_axes(logger: WandbLogger, prefix: str) -> None:
-    """Plot every ``<prefix>/*`` key against ``<prefix>/epoch`` instead of the global step."""
+    """Plot every ``<prefix>/*`` key against ``<prefix>/step``, the probe's optimizer step."""
     run = logger.experiment
-    run.define_metric(f"{prefix}/epoch")
-    run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/epoch")
+    run.define_metric(f"{prefix}/step")
+    run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
 
 
 def records_table(epoch: int, records: Sequence[Mapping[str, Any]]) -> Any:
@@ -77,9 +82,9 @@ def point_clouds(prefix: str, clouds: Mapping[str, PointCloud]) -> dict[str, Any
     }
 
 
-def log_epoch(
+def log_probe(
     loggers: Sequence[Logger],
-    step: int,
+    when: ProbeTime,
     prefix: str,
     metrics: Mapping[str, float],
     media: Mapping[str, Any] | None,
@@ -87,11 +92,12 @@ def log_epoch(
 ) -> None:
     """One call per logger; W&B gets scalars and media in one history row. ``wandb_defined``
     holds the ids of W&B runs already given the ``prefix`` axes. A W&B run that already holds
-    the epoch (a resumed run whose earlier part logged it before stopping) is not given it
+    the probe (a resumed run whose earlier part logged it before stopping) is not given it
     again."""
+    step = when.step
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            if wandb_holds_epoch(logger.experiment, prefix, metrics[f"{prefix}/epoch"]):
+            if wandb_holds_probe(logger.experiment, prefix, when):
                 continue
             if id(logger.experiment) not in wandb_defined:
                 define_wandb_axes(logger, prefix)
@@ -102,20 +108,24 @@ def log_epoch(
             logger.log_metrics(dict(metrics), step=step)
 
 
-def wandb_holds_epoch(run: Any, prefix: str, epoch: int) -> bool:
-    """Whether the W&B ``run`` already holds probe ``epoch`` of ``prefix``: its summary's
-    ``<prefix>/epoch``, the last one published (online, from the server; offline, restored
-    from the earlier parts' logs by :func:`isoprobe.tasks.loggers.continue_wandb_run`), is
-    at or after it. Probed epochs only increase within a run, so every earlier one is held."""
-    held = run.summary.get(f"{prefix}/epoch")
-    if held is None or epoch > held:
+def wandb_holds_probe(run: Any, prefix: str, when: ProbeTime) -> bool:
+    """Whether the W&B ``run`` already holds the probe ``when`` of ``prefix``: its summary's
+    ``<prefix>/step`` (``<prefix>/epoch`` for a run logged before probes had a step key), the
+    last one published (online, from the server; offline, restored from the earlier parts' logs
+    by :func:`isoprobe.tasks.loggers.continue_wandb_run`), is at or after it. Probe times only
+    increase within a run, so every earlier one is held."""
+    key, at = f"{prefix}/step", when.step
+    if run.summary.get(key) is None:
+        key, at = f"{prefix}/epoch", when.epoch
+    held = run.summary.get(key)
+    if held is None or at > held:
         return False
     log.warning(
-        "W&B run %s already holds %s epoch %d (up to %d, logged before the run was resumed); "
-        "not logging it again (it is in the CSV)",
+        "W&B run %s already holds %s %d (up to %d, logged before the run was resumed); not "
+        "logging it again (it is in the CSV)",
         run.id,
-        prefix,
-        epoch,
+        key,
+        at,
         held,
     )
     return True

@@ -17,9 +17,10 @@ of singular values at least ε times the largest, :func:`isoprobe.metrics.epsilo
   figures 5 and 6); the same for each decoder block's cross-attention (the model's
   ``cross_attention_weights()``), layer ``<block>.cross``.
 
-Pictures (output directory and W&B): ``flow_of_ranks/epoch<e>.png`` (ε-rank against layer, one
+Pictures (output directory and W&B; ``<label>``: ``epoch<e>``, or ``step<s>`` in a schedule in
+steps): ``flow_of_ranks/<label>.png`` (ε-rank against layer, one
 line per ε, a panel for the inputs, one per projection and, for an encoder-decoder, one per
-cross-attention projection), ``spectra/epoch<e>.png`` (every probed layer's normalised singular
+cross-attention projection), ``spectra/<label>.png`` (every probed layer's normalised singular
 values σ_i / σ_1, paper figure 2a); W&B also gets each projection's singular values as a
 histogram every probe (``rank/spectrum/<block>.<p>``, ``rank/spectrum/<block>.cross.<p>``, paper
 appendix G.2) and ``rank_trajectories.png`` at the end of fit.
@@ -47,6 +48,7 @@ from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import save_flow_of_ranks, save_spectra
 from isoprobe.probing.probe import Probe
+from isoprobe.probing.schedule import ProbeTime
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
 FLOW_DIR = "flow_of_ranks"
@@ -100,12 +102,12 @@ class RankProbe(Probe):
         trainer: Trainer,
         pl_module: LightningModule,
         tokens: dict[str, Tensor] | None,
-        epoch: int,
+        when: ProbeTime,
     ) -> Measurement:
         rows: list[Row] = []
         token_spectra: dict[str, Tensor] = {}
         for layer, X in tokens.items():
-            sigma = _spectrum_or_error_row(X, layer, f"{layer}'s tokens", epoch, rows)
+            sigma = _spectrum_or_error_row(X, layer, f"{layer}'s tokens", when.title, rows)
             if sigma is None:
                 continue
             token_spectra[layer] = sigma
@@ -118,10 +120,12 @@ class RankProbe(Probe):
         weight_spectra: dict[str, dict[str, Tensor]] = {}
         cross_spectra: dict[str, dict[str, Tensor]] = {}
         if self.weights:
-            weight_spectra = _projection_spectra(pl_module.attention_weights(), str, epoch, rows)
+            weight_spectra = _projection_spectra(
+                pl_module.attention_weights(), str, when.title, rows
+            )
             # a module written before cross_attention_weights() joined the contract has none
             cross = getattr(pl_module, "cross_attention_weights", dict)()
-            cross_spectra = _projection_spectra(cross, cross_name, epoch, rows)
+            cross_spectra = _projection_spectra(cross, cross_name, when.title, rows)
             for layer, spectra in {**weight_spectra, **cross_spectra}.items():
                 rows += [
                     Row(layer, rank_metric(eps, p), float(rank_from_singular_values(sigma, eps)))
@@ -131,20 +135,20 @@ class RankProbe(Probe):
         spectra = _Spectra(token_spectra, weight_spectra, self.epsilons, cross_spectra)
         return Measurement(rows, spectra)
 
-    def save_artefacts(self, directory: Path, epoch: int, measurement: Measurement) -> None:
+    def save_artefacts(self, directory: Path, when: ProbeTime, measurement: Measurement) -> None:
         spectra: _Spectra = measurement.artefacts
         save_flow_of_ranks(
-            directory / FLOW_DIR / f"epoch{epoch}.png",
+            directory / FLOW_DIR / f"{when.label}.png",
             _flow(spectra),
-            f"flow-of-ranks, epoch {epoch}",
+            f"flow-of-ranks, {when.title}",
         )
         save_spectra(
-            directory / SPECTRA_DIR / f"epoch{epoch}.png",
+            directory / SPECTRA_DIR / f"{when.label}.png",
             {layer: sigma.cpu().numpy() for layer, sigma in spectra.tokens.items()},
-            f"normalised singular values of the probed tokens, epoch {epoch}",
+            f"normalised singular values of the probed tokens, {when.title}",
         )
 
-    def wandb_media(self, epoch: int, measurement: Measurement) -> dict[str, Any]:
+    def wandb_media(self, when: ProbeTime, measurement: Measurement) -> dict[str, Any]:
         import wandb
 
         spectra: _Spectra = measurement.artefacts
@@ -153,20 +157,20 @@ class RankProbe(Probe):
             for block, by_projection in {**spectra.weights, **spectra.cross}.items()
             for p, sigma in by_projection.items()
         }
-        for key, path in self.figure_paths(epoch).items():
+        for key, path in self.figure_paths(when).items():
             if path.is_file():
                 media[key] = wandb.Image(str(path))
         return media
 
-    def figure_paths(self, epoch: int) -> dict[str, Path]:
+    def figure_paths(self, when: ProbeTime) -> dict[str, Path]:
         return {
-            f"{self.log_prefix}/{key}": self.output_path / folder / f"epoch{epoch}.png"
+            f"{self.log_prefix}/{key}": self.output_path / folder / f"{when.label}.png"
             for key, folder in (("flow_of_ranks", FLOW_DIR), ("spectra", SPECTRA_DIR))
         }
 
 
 def _spectrum_or_error_row(
-    M: Tensor, layer: str, what: str, epoch: int, rows: list[Row]
+    M: Tensor, layer: str, what: str, when: str, rows: list[Row]
 ) -> Tensor | None:
     """The singular values of ``M``, or None after appending an ``error`` row for ``layer``
     that says why they cannot be computed (non-finite entries: diverged weights or tokens;
@@ -179,13 +183,13 @@ def _spectrum_or_error_row(
             return singular_values(M)
         except torch.linalg.LinAlgError as err:
             reason = f"the SVD of {what} failed: {err}"
-    rank_zero_warn(f"RankProbe: {layer} at epoch {epoch} not measured: {reason}")
+    rank_zero_warn(f"RankProbe: {layer} at {when} not measured: {reason}")
     rows.append(Row(layer, ERROR_METRIC, math.nan, reason))
     return None
 
 
 def _projection_spectra(
-    weights: dict[str, dict[str, Tensor]], name, epoch: int, rows: list[Row]
+    weights: dict[str, dict[str, Tensor]], name, when: str, rows: list[Row]
 ) -> dict[str, dict[str, Tensor]]:
     """``name(block)`` -> projection -> singular values of the matrices ``weights`` names; a
     matrix that cannot be decomposed gets an error row instead (:func:`_spectrum_or_error_row`)
@@ -199,7 +203,7 @@ def _projection_spectra(
                     projections[p].detach(),
                     f"{layer}.{p}",
                     f"{layer}'s {p} projection",
-                    epoch,
+                    when,
                     rows,
                 )
                 for p in ATTENTION_PROJECTIONS

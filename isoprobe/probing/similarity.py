@@ -4,17 +4,18 @@ al.'s unbiased HSIC, as Nguyen et al. 2021), on the rows the hub collects (the s
 for row, every epoch: the probe set, the masks and the subsample seed are fixed).
 
 - ``cka_drift`` of every probed layer: 1 - CKA(tokens now, tokens at epoch 0), the layer
-  against itself before fine-tuning. 0 = unchanged up to an orthogonal map, an isotropic scale
-  and a shift (exactly 0 for a layer whose weights and inputs do not change, e.g. every layer
-  of PatchTST under ``model.adapt=head_only``); 1 = nothing linear in common. The epoch-0
+  against itself before fine-tuning (its tokens at step 0). 0 = unchanged up to an orthogonal
+  map, an isotropic scale and a shift (exactly 0 for a layer whose weights and inputs do not
+  change, e.g. every layer of PatchTST under ``model.adapt=head_only``); 1 = nothing linear in
+  common. The epoch-0
   tokens are kept, in memory and in the checkpoint (so a resumed run measures against the same
   reference); a run that did not probe epoch 0 has no drift.
 - ``cka_prev``: CKA of a layer with the layer probed just before it on the same tokens (the
   previous block of its stack, ``embed`` before the first): near 1 where blocks are redundant.
 - layer against layer: every pair of probed layers that read the same tokens (a stack's
-  layers, with ``embed`` for the first stack), drawn as ``cka_layers/epoch<e>.png`` (W&B:
+  layers, with ``embed`` for the first stack), drawn as ``cka_layers/<label>.png`` (W&B:
   ``<prefix>/cka_layers``) on the figure schedule and written to ``cka_layers.csv`` (epoch,
-  layer_a, layer_b, cka) at every probe.
+  layer_a, layer_b, cka, global_step) at every probe.
 
 A layer whose tokens cannot be measured (non-finite, too few) has no rows here: the probe's
 ``error`` row for it says why.
@@ -34,6 +35,7 @@ from torch import Tensor
 from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
 from isoprobe.probing.measurement import Row
 from isoprobe.probing.plots import save_similarity_heatmap
+from isoprobe.probing.schedule import ProbeTime
 
 HEATMAP_DIR = "cka_layers"
 PAIRS_CSV = "cka_layers.csv"
@@ -41,10 +43,11 @@ PAIRS_CSV = "cka_layers.csv"
 
 @dataclass
 class LayerMatrix:
-    """Layer-against-layer CKA of one epoch (NaN where two layers read other tokens)."""
+    """Layer-against-layer CKA of one probe (NaN where two layers read other tokens)."""
 
     layers: list[str]
     values: np.ndarray
+    epoch: int = 0
 
 
 class SimilarityMeasures:
@@ -67,12 +70,13 @@ class SimilarityMeasures:
         self.debiased = bool(debiased)
         self._reference: dict[str, Tensor] = {}
         self._reference_sides: dict[str, CkaSide] = {}
+        #: by step
         self.matrices: dict[int, LayerMatrix] = {}
 
     def measure(
-        self, tokens: dict[str, Tensor], epoch: int
+        self, tokens: dict[str, Tensor], when: ProbeTime
     ) -> tuple[list[Row], LayerMatrix | None]:
-        """The rows of one epoch and its layer-against-layer matrix (None without pairs)."""
+        """The rows of one probe and its layer-against-layer matrix (None without pairs)."""
         sides: dict[str, CkaSide] = {}
         for layer, X in tokens.items():
             try:
@@ -81,14 +85,14 @@ class SimilarityMeasures:
                 continue
         rows: list[Row] = []
         if self.drift:
-            if epoch == 0:
+            if when.step == 0 and when.epoch == 0:
                 self._reference = {
                     layer: X.detach().float().cpu().clone() for layer, X in tokens.items()
                 }
             rows += self._drift_rows(sides)
         matrix = None
         if self.layer_pairs:
-            matrix = self.matrices[epoch] = self._pairs(sides)
+            matrix = self.matrices[when.step] = self._pairs(sides, when.epoch)
             rows += _previous_rows(matrix)
         return rows, matrix
 
@@ -106,7 +110,7 @@ class SimilarityMeasures:
             rows.append(Row(layer, CKA_DRIFT, 1.0 - cka_of_sides(side, before, self.debiased)))
         return rows
 
-    def _pairs(self, sides: dict[str, CkaSide]) -> LayerMatrix:
+    def _pairs(self, sides: dict[str, CkaSide], epoch: int) -> LayerMatrix:
         layers = list(sides)
         values = np.full((len(layers), len(layers)), math.nan)
         groups = _token_groups(layers)
@@ -116,35 +120,37 @@ class SimilarityMeasures:
                 if groups[a] == groups[b] and sides[a].n == sides[b].n:
                     value = 1.0 if i == j else cka_of_sides(sides[a], sides[b], self.debiased)
                     values[i, j] = values[j, i] = value
-        return LayerMatrix(layers, values)
+        return LayerMatrix(layers, values, epoch)
 
-    def save_heatmap(self, path: Path, epoch: int, matrix: LayerMatrix | None) -> None:
+    def save_heatmap(self, path: Path, when: str, matrix: LayerMatrix | None) -> None:
+        """The heatmap of ``matrix``, its title naming the probe ``when`` (``epoch 2``)."""
         if matrix is not None and matrix.layers:
-            title = f"linear CKA, layer against layer, epoch {epoch}"
+            title = f"linear CKA, layer against layer, {when}"
             save_similarity_heatmap(path, matrix.layers, matrix.values, title)
 
     def write_pairs(self, path: Path) -> None:
-        """Every probed epoch's layer pairs so far (the file is rewritten whole)."""
+        """Every probe's layer pairs so far (the file is rewritten whole)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["epoch", "layer_a", "layer_b", "cka"])
-            for epoch, matrix in sorted(self.matrices.items()):
+            writer.writerow(["epoch", "layer_a", "layer_b", "cka", "global_step"])
+            for step, matrix in sorted(self.matrices.items()):
                 for i, a in enumerate(matrix.layers):
                     for j, b in enumerate(matrix.layers):
                         if not math.isnan(matrix.values[i, j]):
-                            writer.writerow([epoch, a, b, repr(float(matrix.values[i, j]))])
+                            value = repr(float(matrix.values[i, j]))
+                            writer.writerow([matrix.epoch, a, b, value, step])
 
     def state_dict(self) -> dict[str, Any]:
-        matrices = {e: (m.layers, m.values.tolist()) for e, m in self.matrices.items()}
+        matrices = {s: (m.layers, m.values.tolist(), m.epoch) for s, m in self.matrices.items()}
         return {"reference": dict(self._reference), "matrices": matrices}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._reference = dict(state.get("reference", {}))
         self._reference_sides = {}
         self.matrices = {
-            int(e): LayerMatrix(list(layers), np.asarray(values, dtype=float))
-            for e, (layers, values) in state.get("matrices", {}).items()
+            int(step): LayerMatrix(list(saved[0]), np.asarray(saved[1], dtype=float), saved[-1])
+            for step, saved in state.get("matrices", {}).items()
         }
 
 

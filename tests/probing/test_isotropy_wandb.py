@@ -20,7 +20,7 @@ def _number(value: object) -> float:
     return math.nan if value == "NaN" else float(value)
 
 
-def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path, monkeypatch):
+def test_wandb_gets_probe_values_against_step_a_table_and_point_clouds(tmp_path, monkeypatch):
     for name, value in wandb_home_env(tmp_path).items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -56,10 +56,12 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     records = wandb_records(run_dir)
     axes = [r["metric"] for r in records if r["type"] == "metric"]
-    assert ("probe/*", "probe/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
+    assert ("probe/*", "probe/step") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
     history = [r["history"]["item"] for r in records if r["type"] == "history"]
     probed = [h for h in history if "probe/cos_inter/embed" in h]
     assert [h["probe/epoch"] for h in probed] == [0, 1]
+    # ToyData: 4 training batches an epoch, so the probe after epoch 1 is at step 4
+    assert [h["probe/step"] for h in probed] == [0, 4]
 
     csv = pd.read_csv(tmp_path / "out" / "probe_metrics.csv", float_precision="round_trip")
     assert len(csv) == 2 * 3 * 14
@@ -82,9 +84,10 @@ def test_wandb_gets_probe_values_against_epoch_a_table_and_point_clouds(tmp_path
     # the rank probe: its own axis, ranks as in its CSV, the projections' singular values as
     # histograms every probe, the flow-of-ranks picture of the first probe in its row and of
     # the last one when the fit ends (figures_every_n_epochs=0)
-    assert ("rank/*", "rank/epoch") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
+    assert ("rank/*", "rank/step") in [(a.get("glob_name"), a.get("step_metric")) for a in axes]
     ranked = [h for h in history if "rank/rank_uncentred_eps0.01/embed" in h]
     assert [h["rank/epoch"] for h in ranked] == [0, 1]
+    assert [h["rank/step"] for h in ranked] == [h["probe/step"] for h in probed]
     ranks = pd.read_csv(tmp_path / "out" / "rank_metrics.csv")
     for row in ranks.itertuples():
         (logged,) = [h for h in ranked if h["rank/epoch"] == row.epoch]

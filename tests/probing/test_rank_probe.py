@@ -15,6 +15,7 @@ from isoprobe.metrics.rank import rank_metric
 from isoprobe.probing import IsotropyProbe, RankProbe
 from isoprobe.probing.rank import _flow
 from isoprobe.probing.records import read_records
+from isoprobe.probing.schedule import ProbeTime
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 EPSILONS = (1e-3, 1e-2, 1e-1)
@@ -154,11 +155,11 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
     # the self-attention rows are as they were: 3 layers x (tokens + 3 ε) + 2 blocks x 4 x 3
     assert len(probe.records) == 3 * (2 + 3) + 2 * 4 * 3 + 4 * 3
 
-    measurement = probe.measure(None, model, {}, epoch=0)
+    measurement = probe.measure(None, model, {}, ProbeTime(epoch=0, step=0))
     panels = _flow(measurement.artefacts)
     assert list(panels) == ["q", "k", "v", "o", "cross q", "cross k", "cross v", "cross o"]
     assert panels["cross v"][1e-3] == [("encoder.1.cross", 3)]
-    media = probe.wandb_media(0, measurement)
+    media = probe.wandb_media(ProbeTime(epoch=0, step=0), measurement)
     assert {f"rank/spectrum/encoder.1.cross.{p}" for p in "qkvo"} <= set(media)
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").stat().st_size > 0
 
