@@ -12,8 +12,7 @@ trap 'rm -rf "$work"' EXIT
 
 mkdir "$work/src"
 find "$repo" -maxdepth 1 -type f -exec cp {} "$work/src/" \;  # pyproject.toml, setup.py, README.md
-cp -R "$repo/isoprobe" "$repo/callbacks" "$repo/hydra_plugins" "$work/src/"
-rm -f "$work/src/isoprobe/callbacks"  # a developer's symlink, absent from a clone
+cp -R "$repo/isoprobe" "$repo/hydra_plugins" "$work/src/"
 find "$work/src" -name __pycache__ -prune -exec rm -rf {} +
 "$python" -m pip wheel --quiet --no-deps --no-build-isolation -w "$work/dist" "$work/src"
 
@@ -52,7 +51,6 @@ def module_names(folder: Path, package: str) -> list[str]:
 
 repo = Path(script).parent
 names = module_names(repo / "isoprobe", "isoprobe")
-names += module_names(repo / "callbacks", "isoprobe.callbacks")
 names += module_names(repo / "hydra_plugins", "hydra_plugins")
 for name in names:
     importlib.import_module(name)

@@ -72,6 +72,8 @@ MAX_COUNT = 1_000_000
 BATCH = whole(1, 10_000_000)
 PROBE = {
     "every_n_epochs": whole(1, MAX_COUNT),
+    "every_n_steps": whole(1, MAX_COUNT, nullable=True),
+    "log_spaced_steps": whole(2, MAX_COUNT, nullable=True),
     "num_windows": whole(1, MAX_COUNT),
     "max_tokens": whole(2, MAX_COUNT),
     "batch_size": BATCH,

@@ -19,11 +19,11 @@ import pyarrow.feather
 import pyarrow.parquet
 import pytest
 import torch
-from isoprobe.callbacks.window_means import WindowMeansError, read_window_means
 from safetensors.torch import load_file
 
 from isoprobe.data.local import LocalDataError, load_local
 from isoprobe.models.checkpoints import BUNDLED_DIR, CheckpointError
+from isoprobe.probing.window_means import WindowMeansError, read_window_means
 from isoprobe.tasks.resume import read_checkpoint
 from isoprobe.tasks.runner import build_model
 from tests.conftest import TINY_MODEL, compose_config

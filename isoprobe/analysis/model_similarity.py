@@ -3,7 +3,7 @@ another, on the probe windows both saw.
 
 The unit two models share is the probe window (the history before one forecast origin of one
 series), whatever their tokens are: each run's probe saved, per layer, every probe window's mean
-real token (:mod:`isoprobe.callbacks.window_means`), at epoch 0 and at its last probe. Two runs
+real token (:mod:`isoprobe.probing.window_means`), at epoch 0 and at its last probe. Two runs
 on the same data set (and the same ``data.noise_std``, which changes the series) are compared on
 the windows whose (series, forecast origin) both saved, matched row for row; a window without
 a real token at a layer (a row of NaN) is left out of that layer's pairs.
@@ -42,14 +42,14 @@ import pandas as pd
 import torch
 
 from isoprobe.analysis.study import AnalysisError, Study
-from isoprobe.callbacks.window_means import (
+from isoprobe.metrics.similarity import CkaSide, cka_of_sides
+from isoprobe.probing.window_means import (
     DIRECTORY,
     FILES,
     WindowMeans,
     WindowMeansError,
     read_window_means,
 )
-from isoprobe.metrics.similarity import CkaSide, cka_of_sides
 
 #: the fewest shared windows a pair of runs is compared on
 MIN_WINDOWS = 8

@@ -24,7 +24,7 @@ from torch import Tensor
 from isoprobe.metrics._tokens import as_token_matrix, centre
 from isoprobe.metrics.registry import MetricInfo, describe_metric
 
-#: 1 - CKA of a layer against itself at epoch 0 (callbacks/similarity.py)
+#: 1 - CKA of a layer against itself at epoch 0 (isoprobe/probing/similarity.py)
 CKA_DRIFT = "cka_drift"
 
 describe_metric(CKA_DRIFT, MetricInfo(summary=True, shown=True))

@@ -13,9 +13,9 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from isoprobe.callbacks.collect import _capture_outputs, _inference_mode_of, _masked_rows
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.build import build_model
+from isoprobe.probing.capture import capture_outputs, inference_mode_of, masked_rows
 
 #: the layer whose output is the embedded inputs (the contract's "embed", what block 0 reads)
 EMBED_LAYER = "embed"
@@ -86,13 +86,13 @@ class ForecasterEmbedder:
         model = self._model(series.shape[1] - self.horizon)
         layers = {EMBED_LAYER: model.probe_layers("block")[EMBED_LAYER]}
         rows, counts = [], []
-        with _inference_mode_of(model), _capture_outputs(layers) as captured:
+        with inference_mode_of(model), capture_outputs(layers) as captured:
             for start in range(0, series.shape[0], self.batch_size):
                 batch = signal_batch(series[start : start + self.batch_size], self.horizon)
                 captured[EMBED_LAYER].clear()
                 model.probe_forward(batch)
                 mask = model.token_masks(batch, [EMBED_LAYER])[EMBED_LAYER]
-                kept, per_window = _masked_rows(EMBED_LAYER, captured[EMBED_LAYER], mask)
+                kept, per_window = masked_rows(EMBED_LAYER, captured[EMBED_LAYER], mask)
                 rows.append(kept.float())
                 counts += per_window
         index = torch.arange(len(counts)).repeat_interleave(torch.tensor(counts))

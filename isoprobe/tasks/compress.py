@@ -34,7 +34,6 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, ListConfig
 
-from isoprobe.callbacks.plots import save_compression_tradeoff
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.compression import (
     attention_sizes,
@@ -43,6 +42,7 @@ from isoprobe.models.compression import (
     depth_scaled_eps,
 )
 from isoprobe.models.compression_files import export_compressed
+from isoprobe.probing.plots import save_compression_tradeoff
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 from isoprobe.tasks.task import Task
 

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from isoprobe.callbacks.collect import subsample_indices
+from isoprobe.probing.collect import subsample_indices
 from isoprobe.settings import SettingsError
 from isoprobe.spectra.embedders import ForecasterEmbedder, InputEmbedder
 from isoprobe.spectra.report import write_outputs

@@ -215,7 +215,7 @@ def continue_wandb_run(logger: WandbLogger, earlier: WandbHistory) -> None:
     """Carry on a resumed W&B run after what its earlier parts logged: its step goes on above
     theirs, and its summary holds the last epoch each probe published, so that an epoch the
     resumed part probes again (the earlier part logged it, then stopped before the checkpoint
-    that records it was written) is not logged twice (:func:`isoprobe.callbacks.publish.log_epoch`).
+    that records it was written) is not logged twice (:func:`isoprobe.probing.publish.log_probe`).
     Online, wandb takes both from the server; offline, only the earlier parts' local logs
     know them."""
     run = logger.experiment

@@ -16,12 +16,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from isoprobe.analysis.run_files import PROMISED_ROWS
-from isoprobe.callbacks.records import RecordedProbe
 from isoprobe.data import dataset_spec
 from isoprobe.models.adaptation import check_adapt_needs_weights, parameter_counts
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.build import build_model
 from isoprobe.models.regularizer import IsotropyRegularizer
+from isoprobe.probing.records import RecordedProbe
 from isoprobe.settings import check_settings
 from isoprobe.tasks.loggers import (
     LoggersSavedWithCheckpoint,

@@ -17,11 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import isoprobe
-from isoprobe.callbacks import __file__ as _callbacks_file
 from isoprobe.errors import IsoprobeError
 
-#: the folders of isoprobe's own code (``isoprobe.callbacks`` lives outside ``isoprobe/``)
-OWN_CODE = (Path(isoprobe.__file__).parent, Path(_callbacks_file).parent)
+#: the folder of isoprobe's own code
+OWN_CODE = (Path(isoprobe.__file__).parent,)
 #: the built-in errors isoprobe raises for inputs it refuses
 REFUSALS = (ValueError, KeyError, FileNotFoundError)
 

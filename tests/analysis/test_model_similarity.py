@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from isoprobe.callbacks.window_means import DIRECTORY, FILES, write_window_means
 
 from isoprobe.analysis import figures
 from isoprobe.analysis.model_similarity import (
@@ -25,6 +24,7 @@ from isoprobe.analysis.model_similarity import (
 from isoprobe.analysis.model_similarity_report import pair_line
 from isoprobe.analysis.study import AnalysisError, load_study
 from isoprobe.metrics import reference
+from isoprobe.probing.window_means import DIRECTORY, FILES, write_window_means
 from tests.analysis.probed_runs import analyse, probed_run
 
 LAYERS = ("embed", "encoder.0", "encoder.1")

@@ -1,5 +1,5 @@
 """Under DDP ``data.batch_size`` is the global batch: W processes each take batch_size / W
-windows a step, and together they train on one process's batches (tests/callbacks/
+windows a step, and together they train on one process's batches (tests/probing/
 test_isotropy_ddp.py checks the training itself)."""
 
 from __future__ import annotations

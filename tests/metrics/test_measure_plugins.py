@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 import torch
-from isoprobe.callbacks import IsotropyProbe
 
 from isoprobe.errors import IsoprobeError
 from isoprobe.metrics import metric_info, metrics_where, probe_metrics, unregister_measure
+from isoprobe.probing import IsotropyProbe
 from isoprobe.tasks.summary import format_summary
 
 PLUGIN = textwrap.dedent(

@@ -14,7 +14,6 @@ import pytest
 import torch
 from chronos import ChronosBoltPipeline
 from chronos.chronos2 import Chronos2Pipeline
-from isoprobe.callbacks.collect import _capture_outputs
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import nn
 from transformers.pytorch_utils import Conv1D
@@ -27,6 +26,7 @@ from isoprobe.models.adaptation import (
     parameter_counts,
 )
 from isoprobe.models.base import LINEAR_TYPES, ForecastModule
+from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks import build_model, run_task
 from tests.conftest import compose_config
 from tests.models.test_contract import MODELS, build, make_batch, seeded_forecast
@@ -114,13 +114,13 @@ def test_probes_and_attention_weights_see_the_adapted_model(tmp_path, name):
             assert not torch.equal(weight, base_weights[block][part]), (block, part)
     for site in ("block", "attention"):
         layers = model.probe_layers(site)
-        with torch.no_grad(), _capture_outputs(layers) as captured:
+        with torch.no_grad(), capture_outputs(layers) as captured:
             model.probe_forward(make_batch())
         assert all(len(outputs) == 1 for outputs in captured.values()), site
         assert set(model.token_masks(make_batch(), list(layers))) == set(layers)
-    with torch.no_grad(), _capture_outputs(model.probe_layers()) as adapted_out:
+    with torch.no_grad(), capture_outputs(model.probe_layers()) as adapted_out:
         model.probe_forward(make_batch())
-    with torch.no_grad(), _capture_outputs(reference.probe_layers()) as base_out:
+    with torch.no_grad(), capture_outputs(reference.probe_layers()) as base_out:
         reference.probe_forward(make_batch())
     last = list(adapted_out)[-1]
     assert not torch.equal(adapted_out[last][0], base_out[last][0])
@@ -223,7 +223,7 @@ def probed_outputs(model: ForecastModule, layers: list[str]) -> dict[str, torch.
     """Every layer's output of one probe pass, in eval mode as the probe runs it."""
     training = model.training
     model.eval()
-    with torch.no_grad(), _capture_outputs(model.probe_layers()) as captured:
+    with torch.no_grad(), capture_outputs(model.probe_layers()) as captured:
         model.probe_forward(make_batch())
     model.train(training)
     return {layer: captured[layer][0].clone() for layer in layers}

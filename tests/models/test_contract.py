@@ -17,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 from hydra.utils import get_class
-from isoprobe.callbacks.collect import _capture_outputs
 from torch import nn
 
 from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, ForecastModule
+from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 from isoprobe.tasks.runner import build_model
 from tests.conftest import CONFIG_DIR, compose_config
@@ -74,7 +74,7 @@ def test_layers_masks_and_hooks(tmp_path, name, site):
     assert all(n.endswith(".attn") for n in layers) == (site == "attention")
 
     batch = make_batch()
-    with torch.no_grad(), _capture_outputs(layers) as captured:
+    with torch.no_grad(), capture_outputs(layers) as captured:
         model.probe_forward(batch)
     masks = model.token_masks(batch, list(layers))
     assert set(masks) == set(layers)
@@ -137,7 +137,7 @@ def test_probing_changes_no_weight_and_no_random_state(tmp_path, name):
     model = build(tmp_path, name)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    with torch.no_grad(), _capture_outputs(model.probe_layers()):
+    with torch.no_grad(), capture_outputs(model.probe_layers()):
         model.probe_forward(make_batch())
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
@@ -278,7 +278,7 @@ def test_masks_mark_exactly_the_tokens_that_carry_observed_values(tmp_path, name
     embed = {"embed": model.probe_layers()["embed"]}
     outputs = []
     for b in (batch, moved):
-        with torch.no_grad(), _capture_outputs(embed) as captured:
+        with torch.no_grad(), capture_outputs(embed) as captured:
             model.probe_forward(b)
         outputs.append(captured["embed"][0])
     carries = (outputs[0] != outputs[1]).any(dim=-1)
@@ -313,7 +313,7 @@ def test_embed_is_what_the_first_block_reads(tmp_path, name):
     batch = make_batch()
     handle = props.first_block(model).register_forward_pre_hook(keep_input, with_kwargs=True)
     try:
-        with torch.no_grad(), _capture_outputs({"embed": model.probe_layers()["embed"]}) as got:
+        with torch.no_grad(), capture_outputs({"embed": model.probe_layers()["embed"]}) as got:
             model.probe_forward(batch)
     finally:
         handle.remove()

@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from isoprobe.callbacks.collect import _capture_outputs
 
 from isoprobe.models.regularizer import (
     IsotropyRegularizer,
     cos_inter_penalty,
     covariance_penalty,
 )
+from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks import run_task
 from tests.conftest import compose_config, tiny_for
 from tests.models.test_contract import MODELS, build, make_batch
@@ -120,7 +120,7 @@ def test_the_regulariser_penalises_the_tokens_the_probe_measures(tmp_path, name,
     with torch.no_grad():
         with regularizer.capture(model) as trained:
             model.loss(batch)
-        with _capture_outputs(model.probe_layers("block")) as probed:
+        with capture_outputs(model.probe_layers("block")) as probed:
             model.probe_forward(batch)
     training_masks = model.training_token_masks(batch, layers)
     probe_masks = model.token_masks(batch, layers)

@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from isoprobe.callbacks.collect import _capture_outputs
 from safetensors.torch import load_file, save_file
 
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.time_moe.config import shape_from_fields
 from isoprobe.models.time_moe.module import head_for, normalisation, positions_of, shifted_windows
 from isoprobe.models.time_moe.network import SparseExperts, balance_loss
+from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
 
@@ -71,7 +71,7 @@ def test_the_fixture_is_the_published_layout():
 def test_every_layer_matches_the_official_code(tmp_path):
     model, batch, expected = fixture_model(tmp_path)
     layers = {**model.probe_layers("block"), **model.probe_layers("attention")}
-    with torch.no_grad(), _capture_outputs(layers) as captured:
+    with torch.no_grad(), capture_outputs(layers) as captured:
         model.probe_forward(batch)
     assert len(layers) == 1 + 2 * model.shape.num_hidden_layers
     for name in layers:

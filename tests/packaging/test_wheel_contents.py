@@ -1,8 +1,7 @@
 """The built wheel holds every module of the source tree and every bundled model's files.
 
 The wheel is built, as .ci/check_wheel.sh builds it, from a copy of the repository's top-level
-files, ``isoprobe/``, ``callbacks/`` and ``hydra_plugins/`` (no stale ``build/`` folder, no
-developer symlink)."""
+files, ``isoprobe/`` and ``hydra_plugins/`` (no stale ``build/`` folder)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-#: source folder -> the package it installs as (pyproject.toml's package-dir)
-SOURCES = {
-    "isoprobe": "isoprobe",
-    "callbacks": "isoprobe/callbacks",
-    "hydra_plugins": "hydra_plugins",
-}
+#: source folder -> the package it installs as
+SOURCES = {"isoprobe": "isoprobe", "hydra_plugins": "hydra_plugins"}
 BUNDLED = ROOT / "isoprobe" / "models" / "bundled"
 
 
@@ -32,7 +27,6 @@ def copy_sources(destination: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for folder in SOURCES:
         shutil.copytree(ROOT / folder, destination / folder, symlinks=True, ignore=ignore)
-    (destination / "isoprobe" / "callbacks").unlink(missing_ok=True)  # a developer's symlink
 
 
 def build_wheel(tmp_path: Path, extra: str) -> Path:
@@ -54,9 +48,7 @@ def expected_files() -> set[str]:
     expected = set()
     for folder, package in SOURCES.items():
         for path in (ROOT / folder).rglob("*.py"):
-            relative = path.relative_to(ROOT / folder)
-            if relative.parts[0] != "callbacks" or folder != "isoprobe":  # not the symlink
-                expected.add(f"{package}/{relative.as_posix()}")
+            expected.add(f"{package}/{path.relative_to(ROOT / folder).as_posix()}")
     for path in BUNDLED.rglob("*"):
         if path.is_file():
             expected.add(f"isoprobe/{path.relative_to(ROOT / 'isoprobe').as_posix()}")

@@ -442,7 +442,7 @@ def test_probe_site_and_tokens_choose_the_layers_and_positions(
 
 def test_two_probes_share_one_trainer_and_one_checkpoint(tiny_config, tmp_path):
     second = "+callbacks.attention"
-    options = [f"{second}._target_=isoprobe.callbacks.IsotropyProbe", f"{second}.name=attention"]
+    options = [f"{second}._target_=isoprobe.probing.IsotropyProbe", f"{second}.name=attention"]
     options += [f"{second}.site=attention", f"{second}.csv_name=attention_metrics.csv"]
     options += [f"{second}.output_dir={tmp_path}", f"{second}.num_windows=8"]
     options += [f"{second}.max_tokens=300", f"{second}.metrics={{metrics:[cos_inter,eff_dim]}}"]

@@ -1,0 +1,174 @@
+"""Two-token-set measures of the isotropy probe: where in depth the representations change, by
+linear CKA (:func:`isoprobe.metrics.linear_cka`, Kornblith et al. 2019; ``debiased``: Song et
+al.'s unbiased HSIC, as Nguyen et al. 2021), on the rows the hub collects (the same tokens, row
+for row, every epoch: the probe set, the masks and the subsample seed are fixed).
+
+- ``cka_drift`` of every probed layer: 1 - CKA(tokens now, tokens at epoch 0), the layer
+  against itself before fine-tuning (its tokens at step 0). 0 = unchanged up to an orthogonal
+  map, an isotropic scale and a shift (exactly 0 for a layer whose weights and inputs do not
+  change, e.g. every layer of PatchTST under ``model.adapt=head_only``); 1 = nothing linear in
+  common. The epoch-0
+  tokens are kept, in memory and in the checkpoint (so a resumed run measures against the same
+  reference); a run that did not probe epoch 0 has no drift.
+- ``cka_prev``: CKA of a layer with the layer probed just before it on the same tokens (the
+  previous block of its stack, ``embed`` before the first): near 1 where blocks are redundant.
+- layer against layer: every pair of probed layers that read the same tokens (a stack's
+  layers, with ``embed`` for the first stack), drawn as ``cka_layers/<label>.png`` (W&B:
+  ``<prefix>/cka_layers``) on the figure schedule and written to ``cka_layers.csv`` (epoch,
+  layer_a, layer_b, cka, global_step) at every probe.
+
+A layer whose tokens cannot be measured (non-finite, too few) has no rows here: the probe's
+``error`` row for it says why.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
+from isoprobe.probing.measurement import Row
+from isoprobe.probing.plots import save_similarity_heatmap
+from isoprobe.probing.schedule import ProbeTime
+
+HEATMAP_DIR = "cka_layers"
+PAIRS_CSV = "cka_layers.csv"
+
+
+@dataclass
+class LayerMatrix:
+    """Layer-against-layer CKA of one probe (NaN where two layers read other tokens)."""
+
+    layers: list[str]
+    values: np.ndarray
+    epoch: int = 0
+
+
+class SimilarityMeasures:
+    """Drift from epoch 0 and layer-against-layer CKA (module docstring).
+
+    Args:
+        drift: measure ``cka_drift`` (keeps every probed layer's epoch-0 tokens, N x D float32).
+        layer_pairs: measure ``cka_prev`` and the layer-against-layer matrix.
+        debiased: the debiased CKA (for few tokens against wide layers).
+    """
+
+    def __init__(self, drift: bool = True, layer_pairs: bool = True, debiased: bool = False):
+        if not (drift or layer_pairs):
+            raise ValueError(
+                "similarity with drift=false and layer_pairs=false measures nothing; set "
+                "similarity: null instead"
+            )
+        self.drift = bool(drift)
+        self.layer_pairs = bool(layer_pairs)
+        self.debiased = bool(debiased)
+        self._reference: dict[str, Tensor] = {}
+        self._reference_sides: dict[str, CkaSide] = {}
+        #: by step
+        self.matrices: dict[int, LayerMatrix] = {}
+
+    def measure(
+        self, tokens: dict[str, Tensor], when: ProbeTime
+    ) -> tuple[list[Row], LayerMatrix | None]:
+        """The rows of one probe and its layer-against-layer matrix (None without pairs)."""
+        sides: dict[str, CkaSide] = {}
+        for layer, X in tokens.items():
+            try:
+                sides[layer] = CkaSide.of(X, name=f"{layer}'s tokens")
+            except ValueError:
+                continue
+        rows: list[Row] = []
+        if self.drift:
+            if when.step == 0 and when.epoch == 0:
+                self._reference = {
+                    layer: X.detach().float().cpu().clone() for layer, X in tokens.items()
+                }
+            rows += self._drift_rows(sides)
+        matrix = None
+        if self.layer_pairs:
+            matrix = self.matrices[when.step] = self._pairs(sides, when.epoch)
+            rows += _previous_rows(matrix)
+        return rows, matrix
+
+    def _drift_rows(self, sides: dict[str, CkaSide]) -> list[Row]:
+        rows = []
+        for layer, side in sides.items():
+            reference = self._reference.get(layer)
+            if reference is None or reference.shape != side.centred.shape:
+                continue
+            before = self._reference_sides.get(layer)
+            if before is None:  # prepared once (centred, its Gram term) for every later epoch
+                before = self._reference_sides[layer] = CkaSide.of(
+                    reference.to(side.centred.device)
+                )
+            rows.append(Row(layer, CKA_DRIFT, 1.0 - cka_of_sides(side, before, self.debiased)))
+        return rows
+
+    def _pairs(self, sides: dict[str, CkaSide], epoch: int) -> LayerMatrix:
+        layers = list(sides)
+        values = np.full((len(layers), len(layers)), math.nan)
+        groups = _token_groups(layers)
+        for i, a in enumerate(layers):
+            for j in range(i, len(layers)):
+                b = layers[j]
+                if groups[a] == groups[b] and sides[a].n == sides[b].n:
+                    value = 1.0 if i == j else cka_of_sides(sides[a], sides[b], self.debiased)
+                    values[i, j] = values[j, i] = value
+        return LayerMatrix(layers, values, epoch)
+
+    def save_heatmap(self, path: Path, when: str, matrix: LayerMatrix | None) -> None:
+        """The heatmap of ``matrix``, its title naming the probe ``when`` (``epoch 2``)."""
+        if matrix is not None and matrix.layers:
+            title = f"linear CKA, layer against layer, {when}"
+            save_similarity_heatmap(path, matrix.layers, matrix.values, title)
+
+    def write_pairs(self, path: Path) -> None:
+        """Every probe's layer pairs so far (the file is rewritten whole)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["epoch", "layer_a", "layer_b", "cka", "global_step"])
+            for step, matrix in sorted(self.matrices.items()):
+                for i, a in enumerate(matrix.layers):
+                    for j, b in enumerate(matrix.layers):
+                        if not math.isnan(matrix.values[i, j]):
+                            value = repr(float(matrix.values[i, j]))
+                            writer.writerow([matrix.epoch, a, b, value, step])
+
+    def state_dict(self) -> dict[str, Any]:
+        matrices = {s: (m.layers, m.values.tolist(), m.epoch) for s, m in self.matrices.items()}
+        return {"reference": dict(self._reference), "matrices": matrices}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._reference = dict(state.get("reference", {}))
+        self._reference_sides = {}
+        self.matrices = {
+            int(step): LayerMatrix(list(saved[0]), np.asarray(saved[1], dtype=float), saved[-1])
+            for step, saved in state.get("matrices", {}).items()
+        }
+
+
+def _token_groups(layers: list[str]) -> dict[str, str]:
+    """Layer -> the tokens it reads: its stack (``encoder``, ``decoder``), ``embed`` with the
+    first stack probed after it (a stack's layers share their mask, hence their rows)."""
+    stacks = [layer.split(".", 1)[0] for layer in layers]
+    first = next((stack for stack in stacks if stack != "embed"), "embed")
+    return {
+        layer: first if stack == "embed" else stack
+        for layer, stack in zip(layers, stacks, strict=True)
+    }
+
+
+def _previous_rows(matrix: LayerMatrix) -> list[Row]:
+    rows = []
+    for i in range(1, len(matrix.layers)):
+        value = matrix.values[i, i - 1]
+        if not math.isnan(value):
+            rows.append(Row(matrix.layers[i], CKA_PREV, float(value)))
+    return rows

@@ -1,0 +1,65 @@
+"""A rank that cannot be computed (diverged weights, non-finite tokens) is an ``error`` row with
+the reason; the rank probe never stops a run."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import torch
+from probe_toy import ToyData, ToyForecaster
+
+from isoprobe.metrics import reference
+from isoprobe.metrics.rank import rank_metric
+from isoprobe.probing import IsotropyProbe, RankProbe
+
+PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
+PROJECTIONS = ("q", "k", "v", "o")
+
+
+def _diverged_toy() -> ToyForecaster:
+    """The toy model with one infinite weight in block 1's output projection: that block's
+    tokens and its ``o`` projection are non-finite, everything before it is finite."""
+    L.seed_everything(0)
+    model = ToyForecaster()
+    with torch.no_grad():
+        model.blocks[1].self_attn.out_proj.weight[0, 0] = math.inf
+    return model
+
+
+def _by_key(records: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(r["layer"], r["metric"]): r for r in records}
+
+
+def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tmp_path):
+    model = _diverged_toy()
+    rank = RankProbe(output_dir=str(tmp_path), **PROBE_SET)
+    isotropy = IsotropyProbe(output_dir=str(tmp_path), pca_layers=[], **PROBE_SET)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        callbacks=[isotropy, rank],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.validate(model, datamodule=ToyData(), verbose=False)  # no exception
+
+    rows = _by_key(rank.records)
+    tokens_error = rows[("encoder.1", "error")]
+    assert math.isnan(tokens_error["value"])
+    assert "encoder.1's tokens are NaN or inf" in tokens_error["note"]
+    assert ("encoder.1", rank_metric(0.01)) not in rows
+    weight_error = rows[("encoder.1.o", "error")]
+    assert weight_error["note"] == "1 of 256 entries of encoder.1's o projection are NaN or inf"
+    assert ("encoder.1", rank_metric(0.01, "o")) not in rows
+
+    # the finite matrices keep their ranks, equal to the reference on the same weights
+    weights = model.attention_weights()
+    for block, projections in (("encoder.0", PROJECTIONS), ("encoder.1", ("q", "k", "v"))):
+        for p in projections:
+            expected = reference.epsilon_rank(weights[block][p].detach().double().numpy(), 0.01)
+            assert rows[(block, rank_metric(0.01, p))]["value"] == expected
+    for layer in ("embed", "encoder.0"):
+        assert rows[(layer, rank_metric(0.01))]["value"] >= 1
+    assert {r["metric"] for r in isotropy.records if r["layer"] == "encoder.1"} == {"error"}
+    assert (tmp_path / "flow_of_ranks" / "epoch0.png").is_file()
