@@ -9,8 +9,8 @@ whatever the table (across runs, stratified, confirmation, drift against gain) a
 runs are split into strata. The same weights in twelve strata are still one observation.
 
 :func:`weight_identity` names the weights each run's probe measured; :func:`shared_weight_tests`
-says which tests of a table break the rule; :func:`constant_within_model` says which predictors
-only say which model a run is (label-free selection reports that beside them).
+says which tests of a table break the rule; :func:`constant_within_model` says in how many
+models a predictor only says which model a run is (label-free selection reports it beside them).
 """
 
 from __future__ import annotations
@@ -72,16 +72,16 @@ def shared_weight_tests(
 
 
 def constant_within_model(values: pd.DataFrame, models: pd.Series) -> pd.Series:
-    """Per column of ``values`` (runs × predictors): whether it takes one value per model
-    (across every run of each model that has it, at least one model with two such runs), so
-    that it says which model a run is and nothing about the run."""
-    flags = {}
+    """Per column of ``values`` (runs × predictors): the share of the models with two or more
+    runs that have it within which it takes one value. 1: it says which model a run is and
+    nothing about the run (the weight ranks of zero-shot models); a model trained anew on each
+    data set (PatchTST from scratch beside zero-shot models) keeps the share below 1. NaN where
+    no model has two runs with a value."""
+    shares = {}
     for column in values.columns:
         present = values[column].dropna()
-        if present.empty:
-            flags[column] = False
-            continue
         per_model = present.groupby(models.reindex(present.index))
-        counts, distinct = per_model.size(), per_model.nunique()
-        flags[column] = bool((counts > 1).any() and (distinct == 1).all())
-    return pd.Series(flags, dtype=bool)
+        repeated = per_model.size() > 1
+        distinct = per_model.nunique()[repeated]
+        shares[column] = float((distinct == 1).mean()) if repeated.any() else np.nan
+    return pd.Series(shares, dtype=float)

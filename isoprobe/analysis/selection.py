@@ -18,9 +18,10 @@ Baselines in the same table: ``random`` (ρ 0 and top-1 1/k for k candidates, in
 error rank on the *other* data sets, the choice a user makes without any geometry); and, where a
 CSV logger wrote it, ``val_loss`` at the same epoch (a labelled baseline that needs no learned
 direction: lower is predicted better). A geometry metric is worth something for selection only
-where it beats ``best model elsewhere``. ``constant_within_model`` flags a metric that takes one
-value per model (a measure of the weights of zero-shot models, or ``cka_drift`` of runs that did
-not train): it can only say which model a run is (:func:`~.independence.constant_within_model`).
+where it beats ``best model elsewhere``. ``models_constant`` is the share of models (with two
+runs or more) within which a metric takes one value (a measure of the weights of zero-shot
+models, ``cka_drift`` of runs that did not train): at 1 it can only say which model a run is, and
+near 1 mostly that (:func:`~.independence.constant_within_model`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ SUMMARY_COLUMNS = (
     "tasks",
     "spearman",
     "top1",
-    "constant_within_model",
+    "models_constant",
 )
 #: the baseline that knows only how each model did on the other data sets
 BEST_ELSEWHERE = "best model elsewhere"
@@ -121,8 +122,8 @@ def _summarise(agreement: pd.DataFrame, selection: str, random: bool = True) -> 
         }
         summary = pd.concat([summary, pd.DataFrame([expected])], ignore_index=True)
     summary.insert(0, "selection", selection)
-    if "constant_within_model" not in summary:
-        summary["constant_within_model"] = False
+    if "models_constant" not in summary:
+        summary["models_constant"] = np.nan
     return summary[list(SUMMARY_COLUMNS)]
 
 
@@ -144,7 +145,7 @@ def models_on_a_data_set(study: Study, forecast: str) -> pd.DataFrame:
     found = _summarise(_rank_agreement(geometry.loc[members], error, task, True), selection)
     flags = constant_within_model(geometry.loc[members], runs.loc[members, "model"].astype(str))
     keys = list(zip(found["probe"], found["metric"], found["layer"], strict=True))
-    found["constant_within_model"] = [bool(flags.get(key, False)) for key in keys]
+    found["models_constant"] = [flags.get(key, np.nan) for key in keys]
     parts = [found]
     elsewhere = _best_model_elsewhere(runs.loc[members, "model"].astype(str), error, task)
     if elsewhere is not None:

@@ -180,7 +180,8 @@ def _analyze(cfg: DictConfig, runs: Any, output: Path) -> dict[str, Any]:
             "epochs) by each metric against their ranking by error (mean ρ and top-1 rate over "
             "the tasks; a metric's direction is learned on the other tasks). A metric is worth "
             "something only above the baseline 'best model elsewhere' (each model's rank on the "
-            "other data sets); constant_within_model: the metric only says which model a run is",
+            "other data sets); models_constant: the share of models within which the metric takes "
+            "one value (1: it only says which model a run is)",
             selection,
         )
     report = write_study_report(

@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from isoprobe.analysis.family import ALPHA, WITHIN_MODEL, smallest_p
-from isoprobe.analysis.independence import SHARED_WEIGHTS
+from isoprobe.analysis.independence import SHARED_WEIGHTS, constant_within_model
 from isoprobe.analysis.stratified import HELD_OUT_TOO_FEW
 from isoprobe.metrics.rank import is_weight_metric, rank_metric
 from isoprobe.tasks.analyze import run_analyze
@@ -267,6 +267,20 @@ def test_selection_beats_a_baseline_and_flags_a_measure_that_names_the_model(ana
     baseline = models[models["metric"] == "best model elsewhere"]
     assert len(baseline) == 1 and baseline["tasks"].iloc[0] == DATASETS
     weights = models[models["metric"].map(is_weight_metric)]
-    assert len(weights) and weights["constant_within_model"].all()
+    assert len(weights) and (weights["models_constant"] == 1.0).all()
     isotropy = models[(models["metric"] == "cos_inter") & (models["layer"] == "last")]
-    assert len(isotropy) and not isotropy["constant_within_model"].any()
+    assert len(isotropy) and (isotropy["models_constant"] == 0.0).all()
+
+
+def test_models_constant_is_the_share_of_models_a_measure_cannot_tell_runs_apart_in():
+    models = pd.Series(["a", "a", "b", "b", "c", "c", "d"], index=list("1234567"))
+    values = pd.DataFrame(
+        {
+            "weights": [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0],  # one value per model
+            "drift": [0.0, 0.0, 0.0, 0.0, 0.1, 0.3, 0.0],  # c trained anew on each data set
+            "isotropy": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7],
+        },
+        index=models.index,
+    )
+    shares = constant_within_model(values, models)  # d has one run: it says nothing
+    assert shares.to_dict() == {"weights": 1.0, "drift": pytest.approx(2 / 3), "isotropy": 0.0}
