@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 SORTABLE_SCRIPT = """
@@ -84,9 +85,9 @@ def join(parts: Iterable[Html], separator: str = "") -> Html:
 
 def table_html(frame: pd.DataFrame, table_id: str) -> Html:
     """A sortable HTML table (click a header to sort by it); pandas escapes every cell, column
-    header and index label."""
+    header and index label. A missing value (NaN or None) is an empty cell."""
     return Html(
-        frame.to_html(
+        frame.where(frame.notna(), np.nan).to_html(
             index=False,
             table_id=table_id,
             classes="sortable",

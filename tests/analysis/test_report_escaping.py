@@ -8,7 +8,14 @@ from html.parser import HTMLParser
 import pandas as pd
 import pytest
 
-from isoprobe.analysis.report import CONTENT_SECURITY_POLICY, Html, join, markup, write_report
+from isoprobe.analysis.report import (
+    CONTENT_SECURITY_POLICY,
+    Html,
+    join,
+    markup,
+    table_html,
+    write_report,
+)
 from tests.analysis.probed_runs import (
     IMG_PAYLOAD,
     KEY_PAYLOAD,
@@ -144,3 +151,10 @@ def test_the_policy_allows_no_script_but_the_pages_own():
     rules = dict(rule.strip().split(" ", 1) for rule in CONTENT_SECURITY_POLICY.split(";"))
     assert rules["default-src"] == "'none'" and rules["img-src"] == "data:"
     assert rules["script-src"].startswith("'sha256-") and " " not in rules["script-src"]
+
+
+def test_a_missing_value_is_an_empty_cell_whatever_its_column_holds():
+    frame = pd.DataFrame({"why": [None, "too few runs"], "rho": [0.5, float("nan")]})
+    page = table_html(frame, "t")
+    assert page.count("<td") == 4 and "None" not in page and "nan" not in page
+    assert Page(page).text_in("td") == ["0.5", "too few runs"]  # the other two cells are empty
