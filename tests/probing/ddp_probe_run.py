@@ -24,12 +24,11 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[2])]
 
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
-from probe_toy import CONTEXT, HORIZON, ToyForecaster  # noqa: E402
+from probe_toy import CONTEXT, HORIZON, ToyForecaster, isotropy_probe, rank_probe  # noqa: E402  # noqa: E402
 
 import isoprobe.probing.isotropy as isotropy_module  # noqa: E402
 from isoprobe.data import TimeSeriesDataModule  # noqa: E402
 from isoprobe.data.registry import SeriesCollection, register_dataset  # noqa: E402
-from isoprobe.probing import IsotropyProbe, RankProbe  # noqa: E402
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROBE = dict(PROBE_SET, metrics={"k_max": 4}, save_window_means=True)
@@ -57,8 +56,8 @@ def datamodule() -> TimeSeriesDataModule:
 def probes(out_dir: Path) -> list:
     """Both probes, sharing one collection pass."""
     return [
-        IsotropyProbe(output_dir=str(out_dir), **PROBE),
-        RankProbe(output_dir=str(out_dir), **PROBE_SET),
+        isotropy_probe(output_dir=str(out_dir), **PROBE),
+        rank_probe(output_dir=str(out_dir), **PROBE_SET),
     ]
 
 

@@ -10,9 +10,8 @@ import lightning as L
 import pandas as pd
 import pytest
 from lightning.pytorch.loggers import WandbLogger
-from probe_toy import ToyData, ToyForecaster
+from probe_toy import ToyData, ToyForecaster, isotropy_probe, rank_probe
 
-from isoprobe.probing import IsotropyProbe, RankProbe
 from tests.conftest import wandb_home_env, wandb_records
 
 
@@ -29,7 +28,7 @@ def test_wandb_gets_probe_values_against_step_a_table_and_point_clouds(tmp_path,
 
     L.seed_everything(0)
     logger = WandbLogger(project="isoprobe-test", save_dir=str(tmp_path), offline=True)
-    probe = IsotropyProbe(
+    probe = isotropy_probe(
         num_windows=8,
         batch_size=3,
         max_tokens=60,
@@ -37,7 +36,7 @@ def test_wandb_gets_probe_values_against_step_a_table_and_point_clouds(tmp_path,
         output_dir=str(tmp_path / "out"),
         pca_layers=["encoder.1"],
     )
-    rank = RankProbe(num_windows=8, batch_size=3, max_tokens=60, output_dir=str(tmp_path / "out"))
+    rank = rank_probe(num_windows=8, batch_size=3, max_tokens=60, output_dir=str(tmp_path / "out"))
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,

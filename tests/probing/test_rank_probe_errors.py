@@ -7,11 +7,10 @@ import math
 
 import lightning as L
 import torch
-from probe_toy import ToyData, ToyForecaster
+from probe_toy import ToyData, ToyForecaster, isotropy_probe, rank_probe
 
 from isoprobe.metrics import reference
 from isoprobe.metrics.rank import rank_metric
-from isoprobe.probing import IsotropyProbe, RankProbe
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROJECTIONS = ("q", "k", "v", "o")
@@ -33,8 +32,8 @@ def _by_key(records: list[dict]) -> dict[tuple[str, str], dict]:
 
 def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tmp_path):
     model = _diverged_toy()
-    rank = RankProbe(output_dir=str(tmp_path), **PROBE_SET)
-    isotropy = IsotropyProbe(output_dir=str(tmp_path), pca_layers=[], **PROBE_SET)
+    rank = rank_probe(output_dir=str(tmp_path), **PROBE_SET)
+    isotropy = isotropy_probe(output_dir=str(tmp_path), pca_layers=[], **PROBE_SET)
     trainer = L.Trainer(
         accelerator="cpu",
         logger=False,
