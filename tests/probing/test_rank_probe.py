@@ -77,7 +77,10 @@ def test_the_isotropy_and_rank_probes_read_one_shared_forward_pass(tmp_path):
     # every measure set of the probe reads its one pass
     assert calls([ProbeCallback(**both)]) == 3
     # a second probe callback (another token budget) is a collection of its own
-    assert calls([ProbeCallback(**both), rank_probe(**{**probe_set, "max_tokens": 50})]) == 6
+    assert (
+        calls([ProbeCallback(**both), rank_probe(name="budget", **{**probe_set, "max_tokens": 50})])
+        == 6
+    )
 
 
 def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_path):
