@@ -22,6 +22,7 @@ from probe_toy import (
 from isoprobe.metrics import probe_metrics, reference
 from isoprobe.metrics.rank import rank_metric
 from isoprobe.probing import ProbeCallback
+from isoprobe.probing.measure_set import ProbeInputs
 from isoprobe.probing.rank import _flow
 from isoprobe.probing.records import read_records
 from isoprobe.probing.schedule import ProbeTime
@@ -171,11 +172,14 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
     # the self-attention rows are as they were: 3 layers x (tokens + 3 ε) + 2 blocks x 4 x 3
     assert len(probe.records) == 3 * (2 + 3) + 2 * 4 * 3 + 4 * 3
 
-    measurement = probe.measure(None, model, {}, ProbeTime(epoch=0, step=0))
+    when = ProbeTime(epoch=0, step=0)
+    rank = probe.measure_sets["rank"]
+    inputs = ProbeInputs(when, tokens={}, window_means={}, model=model, dataset=None, windows=[])
+    measurement = rank.measure(inputs)
     panels = _flow(measurement.artefacts)
     assert list(panels) == ["q", "k", "v", "o", "cross q", "cross k", "cross v", "cross o"]
     assert panels["cross v"][1e-3] == [("encoder.1.cross", 3)]
-    media = probe.wandb_media(ProbeTime(epoch=0, step=0), measurement)
+    media = rank.wandb_media("rank", tmp_path, when, measurement.artefacts)
     assert {f"rank/spectrum/encoder.1.cross.{p}" for p in "qkvo"} <= set(media)
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").stat().st_size > 0
 
