@@ -65,5 +65,6 @@ def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tm
             assert rows[(block, rank_metric(0.01, p))]["value"] == expected
     for layer in ("embed", "encoder.0"):
         assert rows[(layer, rank_metric(0.01))]["value"] >= 1
-    assert {r["metric"] for r in probe.records_of("isotropy") if r["layer"] == "encoder.1"} == {"error"}
+    isotropy = probe.records_of("isotropy")
+    assert {r["metric"] for r in isotropy if r["layer"] == "encoder.1"} == {"error"}
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").is_file()
