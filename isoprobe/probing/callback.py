@@ -57,8 +57,11 @@ class ProbeCallback(Callback):
             with ``<name>_`` (:meth:`~isoprobe.probing.probe_output.OutputSpec.named`).
         every_n_epochs, every_n_steps, log_spaced_steps: the schedule
             (:class:`~isoprobe.probing.schedule.Schedule`).
-        num_windows, window_selection, max_tokens, layers, batch_size, seed, site, tokens,
-            precision: the probe set (:class:`~isoprobe.probing.probe_set.ProbeSet`).
+        num_windows, window_selection, max_tokens, layers, batch_size: the probe set
+            (:class:`~isoprobe.probing.probe_set.ProbeSet`).
+        seed, site, tokens, precision: the rest of the probe set: the token seed (also the
+            isotropy measures' default seed), the probe site, the tokens and the precision of
+            the collection pass.
         output_dir: where the CSV files and pictures go; None = ``trainer.log_dir``.
         log_tables: a W&B table of each probe's rows.
         figures_every_n_epochs: pictures at the first and last probe, and every n-th epoch when
