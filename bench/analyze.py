@@ -47,7 +47,7 @@ def write_runs(root: Path, runs: int, layers: int, metrics: int, seed: int = 0) 
                 "noise_std": 0.0,
             },
             "seed": 42,
-            "callbacks": {"isotropy": {"num_windows": 64, "max_tokens": 4000}},
+            "callbacks": {"probe": {"num_windows": 64, "max_tokens": 4000}},
         }
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
         quality = rng.normal()

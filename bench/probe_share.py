@@ -12,7 +12,7 @@ rather than in the hooks', so the same run is also made without probes and the o
 the target (the forecasters issue): at most 15% for every model.
 
 The default probe now also measures drift, layer-against-layer CKA and the readout
-(``callbacks.isotropy.similarity`` and ``readout``); the same run is made a third time with both
+(the ``cka`` and ``readout`` measure sets); the same run is made a third time with both
 off (the probe as it was before them) and ``vs before`` = epoch with them / epoch without them
 - 1 is printed: the target is at most 10%.
 
@@ -40,7 +40,7 @@ TARGET = 0.15
 #: the most the depth measures (drift, CKA, readout) may add to a default epoch
 DEPTH_TARGET = 0.10
 #: the probe as it was before the depth measures
-WITHOUT_DEPTH = ["callbacks.isotropy.similarity=null", "callbacks.isotropy.readout=null"]
+WITHOUT_DEPTH = ["callbacks.probe.measures=[isotropy,rank]"]
 
 
 class EpochClock(Callback):

@@ -100,8 +100,7 @@ SCHEMA: Mapping[str, Mapping[str, Range]] = {
         "eval_batch_size": BATCH,
         "num_workers": whole(0, 256),
     },
-    "callbacks.isotropy": PROBE,
-    "callbacks.rank": PROBE,
+    "callbacks.probe": PROBE,
     "regularizer": {"weight": number(0, 1e6)},
     "embedding_spectra": {
         "per_family": whole(1, MAX_COUNT),

@@ -38,12 +38,11 @@ TINY_RUN = [
     "data.max_train_windows=64",
     "data.max_eval_windows=16",
     "data.batch_size=16",
-    "callbacks.isotropy.num_windows=8",
-    "callbacks.isotropy.max_tokens=300",
-    "callbacks.isotropy.metrics.k_max=4",
+    "callbacks.probe.num_windows=8",
+    "callbacks.probe.max_tokens=300",
+    "callbacks.probe.isotropy.metrics.k_max=4",
     # no per-run pictures (a third of a tiny run's time): the tests of the pictures ask for them
-    "callbacks.isotropy.figures_every_n_epochs=-1",
-    "callbacks.rank.figures_every_n_epochs=-1",
+    "callbacks.probe.figures_every_n_epochs=-1",
 ]
 #: per model (configs/model/<name>.yaml), the overrides that make it quick in tests
 TINY_MODEL: dict[str, list[str]] = {

@@ -30,7 +30,7 @@ REFUSED = [
         "data.context_length must be a whole number in [2, 100000] or null, got 0",
     ),
     ("data.noise_std=-0.1", "data.noise_std must be a finite number in [0, 1e+06], got -0.1"),
-    ("callbacks.isotropy.max_tokens=1", "callbacks.isotropy.max_tokens must be a whole number"),
+    ("callbacks.probe.max_tokens=1", "callbacks.probe.max_tokens must be a whole number"),
 ]
 
 

@@ -8,7 +8,7 @@ A measure is registered where its function is defined, with :func:`register_meas
     def _participation_ratio(tokens: Tokens) -> dict[str, float]:
         return {"participation_ratio": participation_ratio_from_eigenvalues(tokens.eigenvalues)}
 
-It is then selectable by name (``callbacks.isotropy.metrics.metrics``), runs under
+It is then selectable by name (``callbacks.probe.isotropy.metrics.metrics``), runs under
 ``metrics: all`` (the default), and its keys are the metric names of the probe's rows, CSV and
 logs. The function takes the layer's :class:`isoprobe.metrics.suite.Tokens` (the token matrix,
 the intermediates every measure shares, the probe's options and the previous layer's tokens) and
@@ -174,7 +174,7 @@ def selected_measures(metrics: str | Sequence[str]) -> tuple[str, ...]:
     if renamed:
         raise ValueError(
             f"probe metrics {list(renamed)} were renamed: write {list(renamed.values())} "
-            "in callbacks.isotropy.metrics.metrics"
+            "in callbacks.probe.isotropy.metrics.metrics"
         )
     unknown = [m for m in names if m not in _MEASURES]
     if unknown:

@@ -1,7 +1,5 @@
-"""Lightning callbacks that probe hidden representations (installed as ``isoprobe.probing``)."""
+"""The probe of hidden representations: one Lightning callback, :class:`ProbeCallback`."""
 
-from isoprobe.probing.isotropy import IsotropyProbe
-from isoprobe.probing.probe import Probe
-from isoprobe.probing.rank import RankProbe
+from isoprobe.probing.callback import ProbeCallback
 
-__all__ = ["IsotropyProbe", "Probe", "RankProbe"]
+__all__ = ["ProbeCallback"]

@@ -49,14 +49,14 @@ def capture_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, list[Ten
 def masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple[Tensor, list[int]]:
     if len(outputs) != 1:
         raise RuntimeError(
-            f"IsotropyProbe: layer {name!r} ran {len(outputs)} times in one probe_forward; "
+            f"the probe callback: layer {name!r} ran {len(outputs)} times in one probe_forward; "
             "probe_forward must run each probed module exactly once (no generation loops)"
         )
     hidden = outputs[0]
     if not isinstance(hidden, Tensor) or hidden.dim() < 3:
         shape = tuple(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__
         raise RuntimeError(
-            f"IsotropyProbe: layer {name!r} must output [B, ..., D] (or a tuple starting with "
+            f"the probe callback: layer {name!r} must output [B, ..., D] (or a tuple starting with "
             f"it), got {shape}; point probe_layers() at the module whose output is the "
             "representation"
         )
@@ -64,7 +64,7 @@ def masked_rows(name: str, outputs: list[Tensor], mask: Tensor | None) -> tuple[
         mask = torch.ones(hidden.shape[:-1], dtype=torch.bool, device=hidden.device)
     if tuple(mask.shape) != tuple(hidden.shape[:-1]):
         raise RuntimeError(
-            f"IsotropyProbe: token_masks(batch, ...)[{name!r}] has shape {tuple(mask.shape)} "
+            f"the probe callback: token_masks(batch, ...)[{name!r}] has shape {tuple(mask.shape)} "
             f"but the layer's output is {tuple(hidden.shape)}; the mask must be its shape "
             "without the width"
         )

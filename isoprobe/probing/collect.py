@@ -44,12 +44,12 @@ def probe_window_indices(size: int, num_windows: int, selection: str, seed: int)
     if size == 0:
         raise ValueError(
             "the validation data set is empty: the isotropy probe needs validation windows "
-            "(check the data split, or disable the probe with callbacks.isotropy=null)"
+            "(check the data split, or disable the probe with callbacks.probe=null)"
         )
     count = min(num_windows, size)
     if count < num_windows:
         log.warning(
-            "IsotropyProbe: the validation set has %d windows, fewer than num_windows=%d; "
+            "the probe: the validation set has %d windows, fewer than num_windows=%d; "
             "probing all of them",
             size,
             num_windows,

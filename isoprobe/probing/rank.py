@@ -1,4 +1,4 @@
-"""RankProbe: the rank structure of every layer over training (the rank-structure paper).
+"""The rank measures: the rank structure of every layer over training (the rank-structure paper).
 
 Per probed layer, ``n_tokens`` and ``width`` (the tokens' dimension, the most their rank can
 be); and two kinds of rows, for every ε in ``epsilons`` (the ε-rank, paper eq. 1: the number
@@ -9,9 +9,8 @@ of singular values at least ε times the largest, :func:`isoprobe.metrics.epsilo
   ranks counts; the isotropy probe's ``eps_rank_centred`` is the rank of their spread around
   the mean, and the two can differ widely). A block's output is the next block's input, so the
   ``embed`` row is the first block's embedded input and ``encoder.<i>`` the input of block
-  i + 1: the flow-of-ranks of the representations (paper §4). The tokens come from the pass
-  the probes share (:mod:`isoprobe.probing.probe`): with the isotropy probe in the same
-  Trainer, no second forward pass.
+  i + 1: the flow-of-ranks of the representations (paper §4). The tokens come from the probe's one
+  collection pass (:mod:`isoprobe.probing.callback`), which the other measures read too.
 - ``rank_<p>_eps<ε>`` for each attention projection p in q, k, v, o of every block (the model's
   ``attention_weights()``, fused projections split): the flow-of-ranks of the weights (paper
   figures 5 and 6); the same for each decoder block's cross-attention (the model's
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+import wandb
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
@@ -45,9 +44,9 @@ from isoprobe.metrics.rank import (
     singular_values,
 )
 from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
+from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import save_flow_of_ranks, save_spectra
-from isoprobe.probing.probe import Probe
 from isoprobe.probing.schedule import ProbeTime
 
 DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
@@ -68,45 +67,33 @@ class _Spectra:
     cross: dict[str, dict[str, Tensor]] = field(default_factory=dict)
 
 
-class RankProbe(Probe):
+class RankMeasures(MeasureSet):
     """ε-ranks of every layer's representations and attention projections (module docstring).
 
     Args:
         epsilons: the relative thresholds ε of the ranks (the paper's 1e-3, 1e-2, 1e-1).
         weights: also measure the attention projections (the model's ``attention_weights()``
             and ``cross_attention_weights()``).
-        name, csv_name, trajectory_png, log_prefix: as :class:`Probe`, defaults ``rank``,
-            ``rank_metrics.csv``, ``rank_trajectories.png``, ``rank``.
-        **probe: the :class:`Probe` settings (schedule, probe set, tokens, site, output).
     """
+
+    output = "rank"
 
     def __init__(
         self,
         epsilons: list[float] | tuple[float, ...] = DEFAULT_EPSILONS,
         weights: bool = True,
-        name: str = "rank",
-        csv_name: str = "rank_metrics.csv",
-        trajectory_png: str = "rank_trajectories.png",
-        log_prefix: str = "rank",
-        **probe: Any,
     ) -> None:
-        super().__init__(name, csv_name, trajectory_png, log_prefix, **probe)
         bad = [eps for eps in epsilons if not 0 < float(eps) <= 1]
         if not epsilons or bad:
             raise ValueError(f"epsilons must be values in (0, 1], got {list(epsilons)}")
         self.epsilons = tuple(sorted({float(eps) for eps in epsilons}))
         self.weights = bool(weights)
 
-    def measure(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        tokens: dict[str, Tensor] | None,
-        when: ProbeTime,
-    ) -> Measurement:
+    def measure(self, inputs: ProbeInputs) -> Measurement:
+        when, pl_module = inputs.when, inputs.model
         rows: list[Row] = []
         token_spectra: dict[str, Tensor] = {}
-        for layer, X in tokens.items():
+        for layer, X in inputs.tokens.items():
             sigma = _spectrum_or_error_row(X, layer, f"{layer}'s tokens", when.title, rows)
             if sigma is None:
                 continue
@@ -135,8 +122,8 @@ class RankProbe(Probe):
         spectra = _Spectra(token_spectra, weight_spectra, self.epsilons, cross_spectra)
         return Measurement(rows, spectra)
 
-    def save_artefacts(self, directory: Path, when: ProbeTime, measurement: Measurement) -> None:
-        spectra: _Spectra = measurement.artefacts
+    def save_artefacts(self, directory: Path, when: ProbeTime, artefacts: Any) -> None:
+        spectra: _Spectra = artefacts
         save_flow_of_ranks(
             directory / FLOW_DIR / f"{when.label}.png",
             _flow(spectra),
@@ -148,23 +135,23 @@ class RankProbe(Probe):
             f"normalised singular values of the probed tokens, {when.title}",
         )
 
-    def wandb_media(self, when: ProbeTime, measurement: Measurement) -> dict[str, Any]:
-        import wandb
-
-        spectra: _Spectra = measurement.artefacts
+    def wandb_media(
+        self, prefix: str, directory: Path, when: ProbeTime, artefacts: Any
+    ) -> dict[str, Any]:
+        spectra: _Spectra = artefacts
         media: dict[str, Any] = {
-            f"{self.log_prefix}/spectrum/{block}.{p}": wandb.Histogram(sigma.cpu().numpy())
+            f"{prefix}/spectrum/{block}.{p}": wandb.Histogram(sigma.cpu().numpy())
             for block, by_projection in {**spectra.weights, **spectra.cross}.items()
             for p, sigma in by_projection.items()
         }
-        for key, path in self.figure_paths(when).items():
+        for key, path in self.figure_paths(prefix, directory, when).items():
             if path.is_file():
                 media[key] = wandb.Image(str(path))
         return media
 
-    def figure_paths(self, when: ProbeTime) -> dict[str, Path]:
+    def figure_paths(self, prefix: str, directory: Path, when: ProbeTime) -> dict[str, Path]:
         return {
-            f"{self.log_prefix}/{key}": self.output_path / folder / f"{when.label}.png"
+            f"{prefix}/{key}": directory / folder / f"{when.label}.png"
             for key, folder in (("flow_of_ranks", FLOW_DIR), ("spectra", SPECTRA_DIR))
         }
 
@@ -183,7 +170,7 @@ def _spectrum_or_error_row(
             return singular_values(M)
         except torch.linalg.LinAlgError as err:
             reason = f"the SVD of {what} failed: {err}"
-    rank_zero_warn(f"RankProbe: {layer} at {when} not measured: {reason}")
+    rank_zero_warn(f"rank measures: {layer} at {when} not measured: {reason}")
     rows.append(Row(layer, ERROR_METRIC, math.nan, reason))
     return None
 

@@ -1,8 +1,10 @@
-"""The isotropy probe's readout: how much of the forecast each layer already holds, and how
-fine-tuning moves that depth (:func:`isoprobe.metrics.readout.ridge_readout`).
+"""The readout measures (``readout`` in ``callbacks.probe.measures``): how much of the
+forecast each layer already holds, and how fine-tuning moves that depth
+(:func:`isoprobe.metrics.readout.ridge_readout`).
 
-Model-agnostic through the contract: the hub's pass hands the probe each probe window's mean
-real token per probed layer (``token_masks``, the positions the other measures read). The
+Model-agnostic through the contract: the probe's collection pass hands these measures each
+probe window's mean real token per probed layer (``token_masks``, the positions the other
+measures read). The
 target is the window's horizon scaled by the mean absolute observed value of its context (the
 mean scaling of Chronos; scale 1 where that is 0), so windows of different levels make one
 regression. The first ``train_fraction`` of the probe windows (in probe-set order) fit a ridge
@@ -22,7 +24,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from isoprobe.metrics.readout import READOUT_NMSE, READOUT_SKILL, ridge_readout
-from isoprobe.probing.measurement import Row
+from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
+from isoprobe.probing.measurement import Measurement, Row
 
 
 def scaled_horizon(context: Tensor, target: Tensor) -> Tensor:
@@ -33,7 +36,7 @@ def scaled_horizon(context: Tensor, target: Tensor) -> Tensor:
     return target.double() / (scale if scale > 0 else 1.0)
 
 
-class ReadoutMeasures:
+class ReadoutMeasures(MeasureSet):
     """A ridge readout of the scaled horizon from every probed layer (module docstring).
 
     Args:
@@ -58,7 +61,15 @@ class ReadoutMeasures:
             self._targets = (key, torch.stack(horizons))
         return self._targets[1]
 
-    def measure(self, window_means: dict[str, Tensor], targets: Tensor) -> list[Row]:
+    output = "isotropy"
+    pools_windows = True
+
+    def measure(self, inputs: ProbeInputs) -> Measurement:
+        targets = self.targets(inputs.dataset, inputs.windows)
+        return Measurement(self.rows(inputs.window_means, targets))
+
+    def rows(self, window_means: dict[str, Tensor], targets: Tensor) -> list[Row]:
+        """The readout rows of every layer of ``window_means`` against ``targets``."""
         n_train = math.ceil(self.train_fraction * len(targets))
         rows: list[Row] = []
         for layer, pooled in window_means.items():

@@ -15,23 +15,12 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("probe", "epoch", "global_step", "layer", "metric", "value", "note")
 DEFAULT_PROBE = "isotropy"
-
-
-@runtime_checkable
-class RecordedProbe(Protocol):
-    """What the runner reads from any probe callback, whatever its class: its ``name`` and its
-    ``records`` (dicts with the keys of :data:`COLUMNS`)."""
-
-    name: str
-
-    @property
-    def records(self) -> list[dict[str, Any]]: ...
 
 
 _KEY = ("epoch", "global_step", "layer", "metric")
@@ -110,14 +99,14 @@ def keep_foreign_file(path: Path, records: list[Mapping[str, Any]]) -> Path | No
     try:
         existing = read_records(path)
     except (KeyError, ValueError, csv.Error) as err:
-        log.warning("IsotropyProbe: %s is not a probe record (%s); keeping it aside", path, err)
+        log.warning("the probe: %s is not a probe record (%s); keeping it aside", path, err)
         existing = None
     if existing is not None and _covers(records, existing):
         return None
     aside = _aside_name(path)
     os.replace(path, aside)
     log.warning(
-        "IsotropyProbe: %s held probe rows this run does not have (another run, or epochs a "
+        "the probe: %s held probe rows this run does not have (another run, or epochs a "
         "resumed run recomputes); moved it to %s and writing this run's full record",
         path,
         aside,

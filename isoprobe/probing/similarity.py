@@ -1,6 +1,7 @@
-"""Two-token-set measures of the isotropy probe: where in depth the representations change, by
+"""The CKA measures (``cka`` in ``callbacks.probe.measures``), of two token sets on the same
+rows: where in depth the representations change, by
 linear CKA (:func:`isoprobe.metrics.linear_cka`, Kornblith et al. 2019; ``debiased``: Song et
-al.'s unbiased HSIC, as Nguyen et al. 2021), on the rows the hub collects (the same tokens, row
+al.'s unbiased HSIC, as Nguyen et al. 2021), on the rows the probe collects (the same tokens, row
 for row, every epoch: the probe set, the masks and the subsample seed are fixed).
 
 - ``cka_drift`` of every probed layer: 1 - CKA(tokens now, tokens at epoch 0), the layer
@@ -30,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import wandb
 from torch import Tensor
 
 from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
-from isoprobe.probing.measurement import Row
+from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
+from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import save_similarity_heatmap
 from isoprobe.probing.schedule import ProbeTime
 
@@ -50,7 +53,7 @@ class LayerMatrix:
     epoch: int = 0
 
 
-class SimilarityMeasures:
+class SimilarityMeasures(MeasureSet):
     """Drift from epoch 0 and layer-against-layer CKA (module docstring).
 
     Args:
@@ -62,8 +65,8 @@ class SimilarityMeasures:
     def __init__(self, drift: bool = True, layer_pairs: bool = True, debiased: bool = False):
         if not (drift or layer_pairs):
             raise ValueError(
-                "similarity with drift=false and layer_pairs=false measures nothing; set "
-                "similarity: null instead"
+                "cka with drift=false and layer_pairs=false measures nothing; leave cka out "
+                "of callbacks.probe.measures instead"
             )
         self.drift = bool(drift)
         self.layer_pairs = bool(layer_pairs)
@@ -73,10 +76,11 @@ class SimilarityMeasures:
         #: by step
         self.matrices: dict[int, LayerMatrix] = {}
 
-    def measure(
-        self, tokens: dict[str, Tensor], when: ProbeTime
-    ) -> tuple[list[Row], LayerMatrix | None]:
-        """The rows of one probe and its layer-against-layer matrix (None without pairs)."""
+    output = "isotropy"
+
+    def measure(self, inputs: ProbeInputs) -> Measurement:
+        """The rows of one probe, with its layer-against-layer matrix (None without pairs)."""
+        tokens, when = inputs.tokens, inputs.when
         sides: dict[str, CkaSide] = {}
         for layer, X in tokens.items():
             try:
@@ -94,7 +98,7 @@ class SimilarityMeasures:
         if self.layer_pairs:
             matrix = self.matrices[when.step] = self._pairs(sides, when.epoch)
             rows += _previous_rows(matrix)
-        return rows, matrix
+        return Measurement(rows, matrix)
 
     def _drift_rows(self, sides: dict[str, CkaSide]) -> list[Row]:
         rows = []
@@ -122,14 +126,31 @@ class SimilarityMeasures:
                     values[i, j] = values[j, i] = value
         return LayerMatrix(layers, values, epoch)
 
-    def save_heatmap(self, path: Path, when: str, matrix: LayerMatrix | None) -> None:
-        """The heatmap of ``matrix``, its title naming the probe ``when`` (``epoch 2``)."""
+    def save_artefacts(self, directory: Path, when: ProbeTime, artefacts: Any) -> None:
+        """The heatmap of the layer-against-layer matrix, its title naming the probe."""
+        matrix: LayerMatrix | None = artefacts
         if matrix is not None and matrix.layers:
-            title = f"linear CKA, layer against layer, {when}"
+            title = f"linear CKA, layer against layer, {when.title}"
+            path = directory / HEATMAP_DIR / f"{when.label}.png"
             save_similarity_heatmap(path, matrix.layers, matrix.values, title)
 
-    def write_pairs(self, path: Path) -> None:
-        """Every probe's layer pairs so far (the file is rewritten whole)."""
+    def figure_paths(self, prefix: str, directory: Path, when: ProbeTime) -> dict[str, Path]:
+        if not self.layer_pairs:
+            return {}
+        return {f"{prefix}/cka_layers": directory / HEATMAP_DIR / f"{when.label}.png"}
+
+    def wandb_media(
+        self, prefix: str, directory: Path, when: ProbeTime, artefacts: Any
+    ) -> dict[str, Any]:
+        paths = self.figure_paths(prefix, directory, when).items()
+        return {key: wandb.Image(str(path)) for key, path in paths if path.is_file()}
+
+    def write_files(self, directory: Path) -> None:
+        """Every probe's layer pairs so far in ``cka_layers.csv`` (rewritten whole)."""
+        if self.layer_pairs:
+            self._write_pairs(directory / PAIRS_CSV)
+
+    def _write_pairs(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", newline="") as handle:
             writer = csv.writer(handle)

@@ -155,3 +155,23 @@ def read_window_means(path: Path) -> WindowMeans:
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def save_probe_window_means(
+    directory: Path,
+    dataset: Dataset,
+    windows: Sequence[int],
+    means: Mapping[str, Tensor],
+    epoch: int,
+    step: int,
+) -> bool:
+    """The window means of one probe as ``last`` and, at step 0 of epoch 0 (the model before
+    training), also as ``epoch0``, under ``directory``; False (nothing written) for a data set
+    that does not say where its windows start (:func:`window_identity`)."""
+    identity = window_identity(dataset, windows)
+    if identity is None:
+        return False
+    kinds = ("epoch0", "last") if step == 0 and epoch == 0 else ("last",)
+    for kind in kinds:
+        write_window_means(directory / DIRECTORY / FILES[kind], means, *identity, epoch)
+    return True

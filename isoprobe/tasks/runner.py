@@ -21,7 +21,7 @@ from isoprobe.models.adaptation import check_adapt_needs_weights, parameter_coun
 from isoprobe.models.base import ForecastModule
 from isoprobe.models.build import build_model
 from isoprobe.models.regularizer import IsotropyRegularizer
-from isoprobe.probing.records import RecordedProbe
+from isoprobe.probing import ProbeCallback
 from isoprobe.settings import check_settings
 from isoprobe.tasks.loggers import (
     LoggersSavedWithCheckpoint,
@@ -98,6 +98,7 @@ def _run_in(cfg: DictConfig, task: Task, output_dir: Path) -> dict[str, Any]:
     callbacks = [
         instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c and "_target_" in c
     ]
+    probes = [c for c in callbacks if isinstance(c, ProbeCallback)]
     wandb_dirs = wandb_save_dirs(loggers, identity.get("wandb_dirs", {}))
     # the run's zero-shot forecast, unless resume_allow_data_change moved it to other data
     before = identity.get("before") if identity.get("data") == data else None
@@ -129,7 +130,7 @@ def _run_in(cfg: DictConfig, task: Task, output_dir: Path) -> dict[str, Any]:
     _continue_resumed_wandb_runs(loggers, identity, wandb_dirs)
 
     try:
-        results = _run(cfg, task, trainer, model, datamodule)
+        results = _run(cfg, task, trainer, model, datamodule, probes)
         results.update(run_info)
         _report(trainer, output_dir, results)
     finally:
@@ -148,27 +149,32 @@ def _continue_resumed_wandb_runs(
 
 
 def _run(
-    cfg: DictConfig, task: Task, trainer: L.Trainer, model: ForecastModule, datamodule
+    cfg: DictConfig,
+    task: Task,
+    trainer: L.Trainer,
+    model: ForecastModule,
+    datamodule,
+    probes: list[ProbeCallback],
 ) -> dict[str, Any]:
+    """Run ``task``; its results with the records of ``probes``, the probe callbacks built."""
     check_memory_fits(model, datamodule, trainer, task.trains)
     results: dict[str, Any] = {"task": task.name, **task.run(cfg, trainer, model, datamodule)}
-    probes = [c for c in trainer.callbacks if isinstance(c, RecordedProbe)]
     results["probe_records"] = [record for probe in probes for record in probe.records]
     results[PROMISED_ROWS] = _probe_rows(probes, Path(cfg.paths.output_dir))
     return results
 
 
-def _probe_rows(probes: list[RecordedProbe], output_dir: Path) -> dict[str, int]:
+def _probe_rows(probes: list[ProbeCallback], output_dir: Path) -> dict[str, int]:
     """How many rows each probe wrote to its CSV file in the run directory (summary.json
     keeps the count, so that an analysis knows a file cut short:
     :func:`isoprobe.analysis.run_files.read_probe_file`)."""
     rows: dict[str, int] = {}
     for probe in probes:
-        if not probe.records:  # a probe with records was set up: it knows its file
+        if not probe.records:  # a probe with records was set up: it knows its files
             continue
-        path = getattr(probe, "csv_path", None)
-        if path is not None and path.parent.resolve() == output_dir.resolve():
-            rows[path.name] = rows.get(path.name, 0) + len(probe.records)
+        for path, count in probe.csv_rows().items():
+            if path.parent.resolve() == output_dir.resolve():
+                rows[path.name] = rows.get(path.name, 0) + count
     return rows
 
 

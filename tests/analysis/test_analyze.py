@@ -221,8 +221,8 @@ def test_a_study_experiment_ends_with_its_report(tmp_path):
         "experiment=rank/flow_of_ranks",
         "model=chronos_bolt,patchtst",
         *tiny,
-        "callbacks.rank.num_windows=8",
-        "callbacks.rank.max_tokens=300",
+        "callbacks.probe.num_windows=8",
+        "callbacks.probe.max_tokens=300",
         f"hydra.sweep.dir={sweep}",
         cwd=tmp_path,
     )

@@ -288,7 +288,11 @@ def test_patchtst_frozen_batchnorm_keeps_its_statistics_through_a_run(tiny_confi
     epoch the frozen encoder's running means and variances are the bundled ones bit for bit,
     and under head_only every probed value after the epoch is the value before it."""
     overrides = ["model.checkpoint=bundled", f"model.adapt={adapt}", "logger=none"]
-    overrides += ["data.context_length=512", "data.prediction_length=64", "~callbacks.rank"]
+    overrides += [
+        "data.context_length=512",
+        "data.prediction_length=64",
+        "callbacks.probe.measures=[isotropy,cka,readout]",
+    ]
     overrides += ["task.evaluate_before=false", "task.evaluate_after=false"]
     cfg = tiny_config(*overrides, model="patchtst")
     with warnings.catch_warnings():

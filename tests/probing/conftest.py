@@ -1,4 +1,4 @@
-"""The IsotropyProbe tests run a toy model whose tensors are tiny: one torch thread is faster
+"""The probe tests run a toy model whose tensors are tiny: one torch thread is faster
 than two, and keeps the suite fast when CI runs other work on the same two cores."""
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from probe_toy import CONTEXT, HORIZON, ToyForecaster  # noqa: E402
 
-import isoprobe.probing.isotropy as isotropy_module  # noqa: E402
+import isoprobe.probing.window_means as window_means_module  # noqa: E402
 from isoprobe.data import TimeSeriesDataModule  # noqa: E402
 from isoprobe.data.registry import SeriesCollection, register_dataset  # noqa: E402
-from isoprobe.probing import IsotropyProbe, RankProbe  # noqa: E402
+from isoprobe.probing import ProbeCallback  # noqa: E402
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROBE = dict(PROBE_SET, metrics={"k_max": 4}, save_window_means=True)
@@ -55,24 +55,29 @@ def datamodule() -> TimeSeriesDataModule:
 
 
 def probes(out_dir: Path) -> list:
-    """Both probes, sharing one collection pass."""
+    """The probe with the isotropy and rank measures, on one collection pass."""
     return [
-        IsotropyProbe(output_dir=str(out_dir), **PROBE),
-        RankProbe(output_dir=str(out_dir), **PROBE_SET),
+        ProbeCallback(
+            measures=["isotropy", "rank"],
+            isotropy={"metrics": PROBE["metrics"]},
+            save_window_means=True,
+            output_dir=str(out_dir),
+            **PROBE_SET,
+        )
     ]
 
 
 def record_writers(out_dir: Path) -> None:
-    """Make the isotropy probe note in OUT_DIR/writers.txt which rank writes each window-means
+    """Make the probe note in OUT_DIR/writers.txt which rank writes each window-means
     file (the writing itself unchanged)."""
-    write = isotropy_module.write_window_means
+    write = window_means_module.write_window_means
 
     def noted(path: Path, *args, **kwargs) -> None:
         with (out_dir / "writers.txt").open("a") as handle:
             handle.write(f"{rank_zero_only.rank} {path.name}\n")
         write(path, *args, **kwargs)
 
-    isotropy_module.write_window_means = noted
+    window_means_module.write_window_means = noted
 
 
 def main(out_dir: Path, devices: int) -> None:

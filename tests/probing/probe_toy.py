@@ -1,5 +1,5 @@
 """A tiny forecaster with the isoprobe probe interface, its data, and an independent token
-collector, shared by the IsotropyProbe tests and the DDP subprocess script."""
+collector, shared by the probe tests and the DDP subprocess script."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+
+from isoprobe.probing import ProbeCallback
 
 CONTEXT = 12
 HORIZON = 4
@@ -197,3 +199,22 @@ def toy_trainer(callbacks: list, **kwargs: Any) -> L.Trainer:
         logger=False,
     )
     return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
+
+
+def isotropy_probe(
+    metrics=None, plugins=None, pca_layers=None, similarity=None, readout=None, **probe
+) -> ProbeCallback:
+    """The probe with the isotropy measures (and, given their options, cka and readout)."""
+    measures = (
+        ["isotropy"] + ["cka"] * (similarity is not None) + ["readout"] * (readout is not None)
+    )
+    isotropy = {"metrics": metrics, "plugins": plugins, "pca_layers": pca_layers}
+    return ProbeCallback(
+        measures=measures, isotropy=isotropy, cka=similarity, readout=readout, **probe
+    )
+
+
+def rank_probe(epsilons=None, weights=True, **probe) -> ProbeCallback:
+    """The probe with the rank measures only."""
+    rank = {"weights": weights} if epsilons is None else {"epsilons": epsilons, "weights": weights}
+    return ProbeCallback(measures=["rank"], rank=rank, **probe)

@@ -48,9 +48,10 @@ def _one_process_probe(weights: dict, out_dir: Path) -> dict[str, pd.DataFrame]:
         enable_model_summary=False,
     )
     trainer.validate(model, datamodule=datamodule(), verbose=False)
+    (probe,) = callbacks
     return {
-        probe.csv_name: pd.DataFrame(probe.records).drop(columns=["epoch", "global_step"])
-        for probe in callbacks
+        spec.csv_name: pd.DataFrame(probe.records_of(group)).drop(columns=["epoch", "global_step"])
+        for group, spec in probe.specs.items()
     }
 
 

@@ -1,4 +1,5 @@
-"""IsotropyProbe on a toy forecaster: schedule, values, masking, failures, records, config."""
+"""The isotropy measures on a toy forecaster: schedule, values, masking, failures, records,
+config."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from probe_toy import (
     ToyData,
     ToyForecaster,
     ToyWindows,
+    isotropy_probe,
     seeded_subsample,
     tokens_by_hand,
     toy_trainer,
@@ -25,7 +27,7 @@ from probe_toy import (
 from sklearn.decomposition import PCA
 
 from isoprobe.metrics import ALL_METRICS, ProbeMetricsConfig, probe_metrics
-from isoprobe.probing import IsotropyProbe
+from isoprobe.probing import ProbeCallback
 from isoprobe.probing.collect import ProbePlan, gather_subsampled_tokens, run_probe_forward
 from isoprobe.probing.plots import pca_coordinates
 from isoprobe.probing.records import keep_foreign_file, make_record, read_records, write_records
@@ -39,10 +41,10 @@ def _trainer(tmp_path: Path, callbacks: list, max_epochs: int = 1, **kwargs) -> 
     return toy_trainer(callbacks, max_epochs=max_epochs, default_root_dir=str(tmp_path), **kwargs)
 
 
-def _probe(tmp_path: Path, **kwargs) -> IsotropyProbe:
+def _probe(tmp_path: Path, **kwargs) -> ProbeCallback:
     options = dict(num_windows=8, batch_size=3, max_tokens=60, metrics={"k_max": K_MAX})
     options.update(kwargs)
-    return IsotropyProbe(output_dir=str(tmp_path), **options)
+    return isotropy_probe(output_dir=str(tmp_path), **options)
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -242,12 +244,14 @@ def test_existing_csv_with_other_rows_is_moved_aside_not_overwritten(tmp_path):
 
 
 def test_hydra_config_builds_the_callback_and_takes_overrides(tiny_config):
-    cfg = tiny_config("callbacks.isotropy.every_n_epochs=2", "callbacks.isotropy.layers=[embed]")
-    probe = instantiate(cfg.callbacks.isotropy)
-    assert isinstance(probe, IsotropyProbe)
-    assert probe.every_n_epochs == 2 and probe.layers == ["embed"]
-    assert probe.metrics_config.k_max == cfg.callbacks.isotropy.metrics.k_max
-    assert probe.metrics_config.seed == cfg.seed == probe.seed
+    cfg = tiny_config("callbacks.probe.every_n_epochs=2", "callbacks.probe.layers=[embed]")
+    probe = instantiate(cfg.callbacks.probe)
+    assert isinstance(probe, ProbeCallback)
+    assert list(probe.measure_sets) == ["isotropy", "rank", "cka", "readout"]
+    assert probe.schedule.every_n_epochs == 2 and probe.probe_set.layers == ["embed"]
+    metrics_config = probe.measure_sets["isotropy"].metrics_config
+    assert metrics_config.k_max == cfg.callbacks.probe.isotropy.metrics.k_max
+    assert metrics_config.seed == cfg.seed == probe.probe_set.seed
 
 
 def test_pca_coordinates_are_the_principal_components():
@@ -332,7 +336,6 @@ def test_an_unknown_probe_precision_is_refused_with_the_choices(tmp_path):
 
 def test_the_probe_precision_is_a_setting_of_every_probe_config(tiny_config):
     default = tiny_config()
-    assert instantiate(default.callbacks.isotropy).precision == "float32"
-    assert instantiate(default.callbacks.rank).precision == "float32"
-    following = tiny_config("callbacks.isotropy.precision=trainer")
-    assert instantiate(following.callbacks.isotropy).precision == "trainer"
+    assert instantiate(default.callbacks.probe).probe_set.precision == "float32"
+    following = tiny_config("callbacks.probe.precision=trainer")
+    assert instantiate(following.callbacks.probe).probe_set.precision == "trainer"

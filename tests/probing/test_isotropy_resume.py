@@ -7,9 +7,7 @@ from pathlib import Path
 import lightning as L
 import pandas as pd
 from lightning.pytorch.callbacks import ModelCheckpoint
-from probe_toy import RecordingLogger, ToyData, ToyForecaster
-
-from isoprobe.probing import IsotropyProbe
+from probe_toy import RecordingLogger, ToyData, ToyForecaster, isotropy_probe
 
 KEY = ["epoch", "layer", "metric"]
 
@@ -17,7 +15,7 @@ KEY = ["epoch", "layer", "metric"]
 def _fit(out_dir: Path, max_epochs: int, ckpt_path: Path | None = None):
     L.seed_everything(0)
     model = ToyForecaster()
-    probe = IsotropyProbe(
+    probe = isotropy_probe(
         num_windows=8,
         batch_size=3,
         max_tokens=60,

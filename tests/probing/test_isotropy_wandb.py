@@ -12,7 +12,7 @@ import pytest
 from lightning.pytorch.loggers import WandbLogger
 from probe_toy import ToyData, ToyForecaster
 
-from isoprobe.probing import IsotropyProbe, RankProbe
+from isoprobe.probing import ProbeCallback
 from tests.conftest import wandb_home_env, wandb_records
 
 
@@ -29,19 +29,18 @@ def test_wandb_gets_probe_values_against_step_a_table_and_point_clouds(tmp_path,
 
     L.seed_everything(0)
     logger = WandbLogger(project="isoprobe-test", save_dir=str(tmp_path), offline=True)
-    probe = IsotropyProbe(
+    probe = ProbeCallback(
+        measures=["isotropy", "rank"],
+        isotropy={"metrics": {"k_max": 4}, "pca_layers": ["encoder.1"]},
         num_windows=8,
         batch_size=3,
         max_tokens=60,
-        metrics={"k_max": 4},
         output_dir=str(tmp_path / "out"),
-        pca_layers=["encoder.1"],
     )
-    rank = RankProbe(num_windows=8, batch_size=3, max_tokens=60, output_dir=str(tmp_path / "out"))
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,
-        callbacks=[probe, rank],
+        callbacks=[probe],
         logger=logger,
         enable_progress_bar=False,
         enable_model_summary=False,

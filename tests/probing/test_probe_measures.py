@@ -8,11 +8,10 @@ import math
 
 import lightning as L
 import pytest
-from probe_toy import ToyData, ToyForecaster, ToyWindows, tokens_by_hand
+from probe_toy import ToyData, ToyForecaster, ToyWindows, isotropy_probe, tokens_by_hand
 from torch import Tensor
 
 from isoprobe.metrics import Tokens, register_measure, unregister_measure
-from isoprobe.probing import IsotropyProbe
 
 LAYERS = ["embed", "encoder.0", "encoder.1"]
 
@@ -39,7 +38,7 @@ def cka_to_previous():
 def test_a_registered_cross_layer_measure_runs_without_a_new_callback(tmp_path, cka_to_previous):
     L.seed_everything(0)
     model, data = ToyForecaster(), ToyData()
-    probe = IsotropyProbe(
+    probe = isotropy_probe(
         output_dir=str(tmp_path),
         num_windows=8,
         batch_size=3,

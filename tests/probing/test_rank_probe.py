@@ -1,4 +1,5 @@
-"""RankProbe on the toy forecaster: ε-ranks equal the plain definition on the tokens and weights,
+"""The rank measures on the toy forecaster: ε-ranks equal the plain definition on the tokens and
+weights,
 one forward pass shared with the isotropy probe, its files and pictures."""
 
 from __future__ import annotations
@@ -8,11 +9,20 @@ import math
 import lightning as L
 import pytest
 import torch
-from probe_toy import ToyData, ToyForecaster, seeded_subsample, tokens_by_hand, toy_trainer
+from probe_toy import (
+    ToyData,
+    ToyForecaster,
+    isotropy_probe,
+    rank_probe,
+    seeded_subsample,
+    tokens_by_hand,
+    toy_trainer,
+)
 
 from isoprobe.metrics import probe_metrics, reference
 from isoprobe.metrics.rank import rank_metric
-from isoprobe.probing import IsotropyProbe, RankProbe
+from isoprobe.probing import ProbeCallback
+from isoprobe.probing.measure_set import ProbeInputs
 from isoprobe.probing.rank import _flow
 from isoprobe.probing.records import read_records
 from isoprobe.probing.schedule import ProbeTime
@@ -28,7 +38,7 @@ def _values(records: list[dict]) -> dict[tuple[str, str], float]:
 def test_ranks_equal_the_reference_on_the_collected_tokens_and_the_attention_weights(tmp_path):
     L.seed_everything(0)
     model, data = ToyForecaster(), ToyData()
-    probe = RankProbe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
+    probe = rank_probe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
     toy_trainer([probe]).validate(model, datamodule=data, verbose=False)
     got = _values(probe.records)
 
@@ -62,14 +72,16 @@ def test_the_isotropy_and_rank_probes_read_one_shared_forward_pass(tmp_path):
         toy_trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
         return len(model.probe_calls)
 
-    iso = dict(PROBE_SET, metrics={"k_max": 4}, output_dir=str(tmp_path))
-    rank = dict(PROBE_SET, output_dir=str(tmp_path))
-    assert calls([IsotropyProbe(**iso)]) == 3
-    assert calls([IsotropyProbe(**iso), RankProbe(**rank)]) == 3
-    # the rank probe on its own reads only the layers it asks for, in the same shared pass
-    assert calls([IsotropyProbe(**iso), RankProbe(layers=["embed"], **rank)]) == 3
-    # a different token budget is a different collection: its own pass
-    assert calls([IsotropyProbe(**iso), RankProbe(**{**rank, "max_tokens": 50})]) == 6
+    probe_set = dict(PROBE_SET, output_dir=str(tmp_path))
+    both = dict(measures=["isotropy", "rank"], isotropy={"metrics": {"k_max": 4}}, **probe_set)
+    assert calls([isotropy_probe(metrics={"k_max": 4}, **probe_set)]) == 3
+    # every measure set of the probe reads its one pass
+    assert calls([ProbeCallback(**both)]) == 3
+    # a second probe callback (another token budget) is a collection of its own
+    assert (
+        calls([ProbeCallback(**both), rank_probe(name="budget", **{**probe_set, "max_tokens": 50})])
+        == 6
+    )
 
 
 def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_path):
@@ -77,14 +89,19 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
         L.seed_everything(0)
         model = ToyForecaster()
         toy_trainer(callbacks).validate(model, datamodule=ToyData(), verbose=False)
-        (rank,) = [c for c in callbacks if isinstance(c, RankProbe)]
-        return _values(rank.records)
+        (probe,) = callbacks
+        return _values(probe.records_of("rank"))
 
-    alone = rank_records([RankProbe(output_dir=str(tmp_path), layers=["encoder.1"], **PROBE_SET)])
+    alone = rank_records([rank_probe(output_dir=str(tmp_path), layers=["encoder.1"], **PROBE_SET)])
     shared = rank_records(
         [
-            IsotropyProbe(output_dir=str(tmp_path), metrics={"k_max": 4}, **PROBE_SET),
-            RankProbe(output_dir=str(tmp_path), layers=["encoder.1"], **PROBE_SET),
+            ProbeCallback(
+                measures=["isotropy", "rank"],
+                isotropy={"metrics": {"k_max": 4}},
+                output_dir=str(tmp_path),
+                layers=["encoder.1"],
+                **PROBE_SET,
+            )
         ]
     )
     assert alone == shared
@@ -93,7 +110,7 @@ def test_a_shared_pass_gives_each_probe_the_tokens_it_would_collect_alone(tmp_pa
 @pytest.mark.parametrize("every, drawn", [(0, (0, 2)), (1, (0, 1, 2)), (-1, ())])
 def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path, every, drawn):
     L.seed_everything(0)
-    probe = RankProbe(output_dir=str(tmp_path), figures_every_n_epochs=every, **PROBE_SET)
+    probe = rank_probe(output_dir=str(tmp_path), figures_every_n_epochs=every, **PROBE_SET)
     toy_trainer([probe], max_epochs=2).fit(ToyForecaster(), datamodule=ToyData())
     assert probe.probed_epochs == [0, 1, 2]
     on_disk = read_records(tmp_path / "rank_metrics.csv")
@@ -113,11 +130,11 @@ def test_files_pictures_and_the_trajectory_over_a_fit(tmp_path, every, drawn):
 @pytest.mark.parametrize("epsilons", [[], [0.0], [1e-2, 2.0]])
 def test_thresholds_outside_zero_one_are_refused(epsilons):
     with pytest.raises(ValueError, match="epsilons must be values in"):
-        RankProbe(epsilons=epsilons)
+        rank_probe(epsilons=epsilons)
 
 
 def test_weights_false_measures_the_tokens_only(tmp_path):
-    probe = RankProbe(weights=False, output_dir=str(tmp_path), **PROBE_SET)
+    probe = rank_probe(weights=False, output_dir=str(tmp_path), **PROBE_SET)
     toy_trainer([probe]).validate(ToyForecaster(), datamodule=ToyData(), verbose=False)
     assert {r["layer"] for r in probe.records} == {"embed", "encoder.0", "encoder.1"}
     assert not any("_q_" in r["metric"] for r in probe.records)
@@ -142,7 +159,7 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
     with torch.no_grad():  # a known rank: v of rank 3
         a, b = torch.randn(16, 3), torch.randn(3, 16)
         model.cross.in_proj_weight[32:].copy_(a @ b)
-    probe = RankProbe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
+    probe = rank_probe(epsilons=EPSILONS, output_dir=str(tmp_path), **PROBE_SET)
     toy_trainer([probe]).validate(model, datamodule=ToyData(), verbose=False)
     got = _values(probe.records)
     fused = model.cross.in_proj_weight.detach().double().numpy()
@@ -155,11 +172,14 @@ def test_cross_attention_projections_get_ranks_flow_panels_and_histograms(tmp_pa
     # the self-attention rows are as they were: 3 layers x (tokens + 3 ε) + 2 blocks x 4 x 3
     assert len(probe.records) == 3 * (2 + 3) + 2 * 4 * 3 + 4 * 3
 
-    measurement = probe.measure(None, model, {}, ProbeTime(epoch=0, step=0))
+    when = ProbeTime(epoch=0, step=0)
+    rank = probe.measure_sets["rank"]
+    inputs = ProbeInputs(when, tokens={}, window_means={}, model=model, dataset=None, windows=[])
+    measurement = rank.measure(inputs)
     panels = _flow(measurement.artefacts)
     assert list(panels) == ["q", "k", "v", "o", "cross q", "cross k", "cross v", "cross o"]
     assert panels["cross v"][1e-3] == [("encoder.1.cross", 3)]
-    media = probe.wandb_media(ProbeTime(epoch=0, step=0), measurement)
+    media = rank.wandb_media("rank", tmp_path, when, measurement.artefacts)
     assert {f"rank/spectrum/encoder.1.cross.{p}" for p in "qkvo"} <= set(media)
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").stat().st_size > 0
 

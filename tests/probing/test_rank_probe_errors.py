@@ -11,7 +11,7 @@ from probe_toy import ToyData, ToyForecaster
 
 from isoprobe.metrics import reference
 from isoprobe.metrics.rank import rank_metric
-from isoprobe.probing import IsotropyProbe, RankProbe
+from isoprobe.probing import ProbeCallback
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
 PROJECTIONS = ("q", "k", "v", "o")
@@ -33,18 +33,22 @@ def _by_key(records: list[dict]) -> dict[tuple[str, str], dict]:
 
 def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tmp_path):
     model = _diverged_toy()
-    rank = RankProbe(output_dir=str(tmp_path), **PROBE_SET)
-    isotropy = IsotropyProbe(output_dir=str(tmp_path), pca_layers=[], **PROBE_SET)
+    probe = ProbeCallback(
+        measures=["isotropy", "rank"],
+        isotropy={"pca_layers": []},
+        output_dir=str(tmp_path),
+        **PROBE_SET,
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         logger=False,
-        callbacks=[isotropy, rank],
+        callbacks=[probe],
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     trainer.validate(model, datamodule=ToyData(), verbose=False)  # no exception
 
-    rows = _by_key(rank.records)
+    rows = _by_key(probe.records_of("rank"))
     tokens_error = rows[("encoder.1", "error")]
     assert math.isnan(tokens_error["value"])
     assert "encoder.1's tokens are NaN or inf" in tokens_error["note"]
@@ -61,5 +65,6 @@ def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tm
             assert rows[(block, rank_metric(0.01, p))]["value"] == expected
     for layer in ("embed", "encoder.0"):
         assert rows[(layer, rank_metric(0.01))]["value"] >= 1
-    assert {r["metric"] for r in isotropy.records if r["layer"] == "encoder.1"} == {"error"}
+    isotropy = probe.records_of("isotropy")
+    assert {r["metric"] for r in isotropy if r["layer"] == "encoder.1"} == {"error"}
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").is_file()

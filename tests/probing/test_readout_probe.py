@@ -7,16 +7,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
-from probe_toy import ToyData, ToyForecaster, tokens_by_hand, toy_trainer
+from probe_toy import ToyData, ToyForecaster, isotropy_probe, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics.readout import ridge_readout
-from isoprobe.probing import IsotropyProbe
 from isoprobe.probing.readout import scaled_horizon
 
 
 def test_the_readout_fits_each_layers_window_means_to_the_scaled_horizon(tmp_path):
     model = ToyForecaster()
-    iso = IsotropyProbe(
+    iso = isotropy_probe(
         output_dir=str(tmp_path),
         pca_layers=[],
         metrics={"metrics": ["cos_inter"]},

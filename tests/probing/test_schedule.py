@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from probe_toy import ToyData, ToyForecaster, toy_trainer
 
-from isoprobe.probing import RankProbe
+from isoprobe.probing import ProbeCallback
 from isoprobe.probing.schedule import Schedule, log_spaced_steps
 from isoprobe.tasks import run_task
 
@@ -32,7 +32,13 @@ def test_a_schedule_in_steps_does_not_probe_at_epoch_ends_and_two_are_refused():
 
 def test_a_probe_every_n_steps_probes_mid_epoch_labelled_by_step_and_epoch(tmp_path):
     # ToyData: 4 training batches an epoch; every 3 steps over 2 epochs: steps 0, 3, 6
-    probe = RankProbe(output_dir=str(tmp_path), num_windows=4, every_n_steps=3, weights=False)
+    probe = ProbeCallback(
+        measures=["rank"],
+        rank={"weights": False},
+        output_dir=str(tmp_path),
+        num_windows=4,
+        every_n_steps=3,
+    )
     toy_trainer([probe], max_epochs=2).fit(ToyForecaster(), datamodule=ToyData())
     assert probe.probed_steps == [0, 3, 6]
     rows = pd.read_csv(tmp_path / "rank_metrics.csv")
@@ -47,12 +53,12 @@ def test_a_probe_every_n_steps_probes_mid_epoch_labelled_by_step_and_epoch(tmp_p
 @pytest.mark.slow
 def test_the_acceptance_run_probes_at_steps_zero_four_and_eight(tiny_config, tmp_path):
     """``python run.py model=chronos_bolt data=energy trainer.max_steps=8`` with a probe every
-    4 steps (the isotropy probe's schedule, which the rank probe follows), on a tiny run."""
+    4 steps (``callbacks.probe.every_n_steps=4``), on a tiny run."""
     cfg = tiny_config(
         "model.checkpoint=scratch",
         "trainer.max_epochs=-1",
         "trainer.max_steps=8",
-        "callbacks.isotropy.every_n_steps=4",
+        "callbacks.probe.every_n_steps=4",
         model="chronos_bolt",
     )
     run_task(cfg)

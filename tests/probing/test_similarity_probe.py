@@ -9,10 +9,9 @@ import copy
 import lightning as L
 import pandas as pd
 import pytest
-from probe_toy import ToyData, ToyForecaster, tokens_by_hand, toy_trainer
+from probe_toy import ToyData, ToyForecaster, isotropy_probe, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics import linear_cka
-from isoprobe.probing import IsotropyProbe
 from isoprobe.tasks import run_task
 
 PROBE_SET = dict(num_windows=6, batch_size=3, max_tokens=10_000)
@@ -26,7 +25,7 @@ def test_drift_and_layer_pairs_are_linear_cka_of_the_collected_tokens(tmp_path):
     L.seed_everything(0)  # an unseeded toy sometimes moved a block by less than the bound below
     model = ToyForecaster()
     before = copy.deepcopy(model)
-    probe = IsotropyProbe(
+    probe = isotropy_probe(
         output_dir=str(tmp_path),
         pca_layers=[],
         metrics={"metrics": ["cos_inter"]},
@@ -35,7 +34,7 @@ def test_drift_and_layer_pairs_are_linear_cka_of_the_collected_tokens(tmp_path):
         **PROBE_SET,
     )
     _fit([probe], model)
-    assert probe.hub.passes == 2  # one pass per probed epoch
+    assert probe.passes == 2  # one pass per probed epoch
 
     records = pd.DataFrame(probe.records).set_index(["epoch", "layer", "metric"]).value
     data = ToyData()
@@ -71,9 +70,9 @@ SHORT = [
     "task.evaluate_before=false",
     "task.evaluate_after=false",
     "logger=none",
-    "callbacks.isotropy.num_windows=4",
-    "callbacks.isotropy.metrics.metrics=[cos_inter]",
-    "~callbacks.rank",
+    "callbacks.probe.num_windows=4",
+    "callbacks.probe.isotropy.metrics.metrics=[cos_inter]",
+    "callbacks.probe.measures=[isotropy,cka,readout]",
     "~callbacks.model_checkpoint",
 ]
 

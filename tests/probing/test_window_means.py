@@ -15,12 +15,20 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from probe_toy import CONTEXT, HORIZON, ToyData, ToyForecaster, tokens_by_hand, toy_trainer
+from probe_toy import (
+    CONTEXT,
+    HORIZON,
+    ToyData,
+    ToyForecaster,
+    isotropy_probe,
+    tokens_by_hand,
+    toy_trainer,
+)
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
 
 from isoprobe.data.windows import WindowDataset
-from isoprobe.probing import IsotropyProbe
+from isoprobe.probing import ProbeCallback
 from isoprobe.probing.window_means import (
     DIRECTORY,
     FILES,
@@ -52,7 +60,7 @@ class SeriesWindows(L.LightningDataModule):
         return DataLoader(self.val_dataset, batch_size=8)
 
 
-def _fit(probe: IsotropyProbe, model: ToyForecaster, data: L.LightningDataModule) -> None:
+def _fit(probe: ProbeCallback, model: ToyForecaster, data: L.LightningDataModule) -> None:
     toy_trainer([probe], max_epochs=2).fit(model, datamodule=data)
 
 
@@ -67,7 +75,7 @@ def _means_by_hand(model: ToyForecaster, dataset: WindowDataset, windows: list[i
 def test_the_probe_saves_each_windows_mean_token_at_epoch_0_and_at_its_last_probe(tmp_path):
     model = ToyForecaster()
     before = copy.deepcopy(model)
-    probe = IsotropyProbe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
+    probe = isotropy_probe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
     data = SeriesWindows()
     _fit(probe, model, data)
 
@@ -102,7 +110,7 @@ def test_the_file_is_plain_safetensors(tmp_path):
 
 
 def test_a_data_set_without_window_starts_saves_nothing_and_says_why(tmp_path):
-    probe = IsotropyProbe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
+    probe = isotropy_probe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
     with pytest.warns(UserWarning, match="window means not saved"):
         _fit(probe, ToyForecaster(), ToyData())
     assert not (tmp_path / DIRECTORY).exists()
@@ -153,7 +161,7 @@ def test_a_file_that_is_not_a_window_means_file_is_refused_naming_it(tmp_path, c
 
 def test_a_resumed_run_keeps_its_epoch_0_file_and_moves_its_last_one_on(tmp_path):
     def fit(max_epochs: int, ckpt_path: Path | None = None) -> None:
-        probe = IsotropyProbe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
+        probe = isotropy_probe(output_dir=str(tmp_path), save_window_means=True, **PROBE)
         saving = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)
         L.Trainer(
             callbacks=[probe, saving],

@@ -30,8 +30,7 @@ SHORT = [
     "task.evaluate_before=false",
     "task.evaluate_after=false",
     "logger=none",
-    "~callbacks.isotropy",
-    "~callbacks.rank",
+    "~callbacks.probe",
     "+callbacks.initial._target_=tests.tasks.test_adaptation_runs.InitialParameters",
     "+callbacks.initial.path=${paths.output_dir}/initial.pt",
 ]

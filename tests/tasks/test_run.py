@@ -270,11 +270,11 @@ def test_probe_runs_on_your_own_csv(tmp_path):
 
 def test_a_probe_set_to_null_is_switched_off(tiny_config, tmp_path):
     base = ("task=probe", "model.checkpoint=scratch")
-    results = run_task(tiny_config(*base, "callbacks.isotropy=null"))
+    results = run_task(tiny_config(*base, "callbacks.probe.measures=[rank]"))
     assert {r["probe"] for r in results["probe_records"]} == {"rank"}
     assert not (tmp_path / "probe_metrics.csv").exists()
     (tmp_path / "rank_metrics.csv").unlink()
-    results = run_task(tiny_config(*base, "callbacks.isotropy=null", "callbacks.rank=null"))
+    results = run_task(tiny_config(*base, "callbacks.probe=null"))
     assert results["probe_records"] == [] and "test/nmse" in results["before"]
     assert not (tmp_path / "rank_metrics.csv").exists()
 
@@ -282,8 +282,8 @@ def test_a_probe_set_to_null_is_switched_off(tiny_config, tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("callbacks.isotropy.layers=[]", r"layers=\[\] probes nothing"),
-        ("callbacks.isotropy.metrics.metrics=[]", r"no probe metric chosen"),
+        ("callbacks.probe.layers=[]", r"layers=\[\] probes nothing"),
+        ("callbacks.probe.isotropy.metrics.metrics=[]", r"no probe metric chosen"),
     ],
 )
 def test_a_probe_that_would_measure_nothing_is_refused(tiny_config, override, message):
@@ -404,7 +404,7 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_dupli
     process.wait()
 
     state = torch.load(checkpoint, weights_only=True)
-    (probe_state,) = [s for k, s in state["callbacks"].items() if "IsotropyProbe" in k]
+    (probe_state,) = [s for k, s in state["callbacks"].items() if "ProbeCallback" in k]
     saved = sorted({int(r["epoch"]) for r in probe_state["records"]})
     assert saved == [0, 1]
     _, history = wandb_history(first)
@@ -429,8 +429,8 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_dupli
 def test_probe_site_and_tokens_choose_the_layers_and_positions(
     tiny_config, tmp_path, site, tokens, encoder_tokens, decoder_tokens
 ):
-    options = [f"callbacks.isotropy.site={site}", f"callbacks.isotropy.tokens={tokens}"]
-    options += ["callbacks.isotropy.max_tokens=5000", "task=probe", "model.checkpoint=scratch"]
+    options = [f"callbacks.probe.site={site}", f"callbacks.probe.tokens={tokens}"]
+    options += ["callbacks.probe.max_tokens=5000", "task=probe", "model.checkpoint=scratch"]
     run_task(tiny_config(*options, "task.evaluate_before=false"))
     counts = probe_csv(tmp_path).query("metric == 'n_tokens'").set_index("layer").value
     suffix = ".attn" if site == "attention" else ""
@@ -442,16 +442,18 @@ def test_probe_site_and_tokens_choose_the_layers_and_positions(
 
 def test_two_probes_share_one_trainer_and_one_checkpoint(tiny_config, tmp_path):
     second = "+callbacks.attention"
-    options = [f"{second}._target_=isoprobe.probing.IsotropyProbe", f"{second}.name=attention"]
-    options += [f"{second}.site=attention", f"{second}.csv_name=attention_metrics.csv"]
+    options = [f"{second}._target_=isoprobe.probing.ProbeCallback", f"{second}.name=attention"]
+    options += [f"{second}.site=attention", f"{second}.measures=[isotropy]"]
     options += [f"{second}.output_dir={tmp_path}", f"{second}.num_windows=8"]
-    options += [f"{second}.max_tokens=300", f"{second}.metrics={{metrics:[cos_inter,eff_dim]}}"]
+    options += [f"{second}.max_tokens=300"]
+    options += [f"{second}.isotropy={{metrics:{{metrics:[cos_inter,eff_dim]}}}}"]
     results = run_task(tiny_config(*options, "model.checkpoint=scratch", "logger=none"))
     by_probe = pd.DataFrame(results["probe_records"]).groupby("probe").layer.unique()
     assert set(by_probe["isotropy"]) >= {"embed", "encoder.0"}
-    assert all(layer.endswith(".attn") for layer in by_probe["attention"])
+    assert all(layer.endswith(".attn") for layer in by_probe["attention_isotropy"])
     assert (tmp_path / "probe_metrics.csv").is_file()
-    assert set(pd.read_csv(tmp_path / "attention_metrics.csv").probe) == {"attention"}
+    on_disk = pd.read_csv(tmp_path / "attention_probe_metrics.csv")
+    assert set(on_disk.probe) == {"attention_isotropy"}
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    keys = {k for k in state["callbacks"] if k.startswith("IsotropyProbe")}
-    assert keys == {"IsotropyProbe{'name': 'isotropy'}", "IsotropyProbe{'name': 'attention'}"}
+    keys = {k for k in state["callbacks"] if k.startswith("ProbeCallback")}
+    assert keys == {"ProbeCallback{'name': 'probe'}", "ProbeCallback{'name': 'attention'}"}
