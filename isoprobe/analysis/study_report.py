@@ -123,9 +123,23 @@ QUESTION_COLUMNS = [
 def _the_question(table: pd.DataFrame, question: Question) -> Section:
     """The declared question, its tests and its answer (:mod:`isoprobe.analysis.family`)."""
     asked = table[question.asks(table)]
+    heading = f"The question: {question.describe()}"
+    if asked.empty:
+        return Section(
+            heading,
+            [
+                markup(
+                    "<p class='note'>Not asked in this study: no run recorded the {probe} "
+                    "measure {metric} (a study of other measures, such as the rank measures "
+                    "alone, answers other questions: see the exploration below).</p>",
+                    probe=question.probe,
+                    metric=question.metric,
+                )
+            ],
+        )
     combined = asked[asked["group"] == WITHIN_MODEL]
     if combined.empty or combined["family"].iloc[0] == UNDEFINED:
-        why = combined["undefined"].iloc[0] if len(combined) else "the study lacks the metric"
+        why = combined["undefined"].iloc[0] if len(combined) else "no run has the forecast"
         answer = markup("<p><b>No answer within model</b>: {why}.</p>", why=why)
     else:
         row = combined.iloc[0]
@@ -159,7 +173,7 @@ def _the_question(table: pd.DataFrame, question: Question) -> Section:
         k=int((asked["family"] == PRIMARY).sum()),
     )
     return Section(
-        f"The question: {question.describe()}",
+        heading,
         [explained, answer],
         (),
         [("The question's tests", asked[QUESTION_COLUMNS])],

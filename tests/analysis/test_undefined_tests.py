@@ -284,6 +284,9 @@ def test_a_study_of_the_rank_probe_alone_is_analysed_with_the_default_metric(gri
     out = tmp_path / "analysis"
     run_analyze(analysis_config(ranks_only, out))
     assert (out / "report.html").is_file() and (out / "flow_of_ranks.png").is_file()
+    page = (out / "report.html").read_text()
+    assert "Not asked in this study: no run recorded the isotropy measure cos_inter" in page
+    assert "The question&#x27;s tests" not in page
 
 
 def test_a_sweeps_refused_analysis_ends_the_sweep_with_its_message(grid, tmp_path, capsys):
