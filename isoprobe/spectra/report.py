@@ -27,7 +27,8 @@ from isoprobe.spectra.spectrum import EmbeddingSpectrum  # noqa: E402
 STYLES = {"time series": "-", "text": "--", "image": ":", "table": "-."}
 #: a colour per system: tab10's ten, then four more far from them (figure 2 lists twelve)
 COLOURS = (*plt.get_cmap("tab10").colors, "black", "#882255", "#332288", "#ddcc77")
-#: panels b, c: the linear part of the symmetric log axes, as a share of the largest |value|
+#: panels b, c: the linear part of the symmetric log axes, at most this share of the largest
+#: |value| (rounded down to a power of ten)
 LINEAR_SHARE = 0.05
 
 
@@ -41,8 +42,18 @@ def _symlog(panel, points: np.ndarray) -> None:
     near the origin legible."""
     largest = np.abs(points).max(axis=0)
     largest[largest == 0] = 1.0
-    panel.set_xscale("symlog", linthresh=LINEAR_SHARE * float(largest[0]))
-    panel.set_yscale("symlog", linthresh=LINEAR_SHARE * float(largest[1]))
+    # a power of ten, so that the decade ticks fall at and outside the linear part (a
+    # threshold between decades put the tick of the decade below it next to 0's)
+    linear = 10.0 ** np.floor(np.log10(LINEAR_SHARE * largest))
+    for axis, scale, threshold, top in (
+        (panel.xaxis, panel.set_xscale, linear[0], largest[0]),
+        (panel.yaxis, panel.set_yscale, linear[1], largest[1]),
+    ):
+        scale("symlog", linthresh=float(threshold))
+        # ticks at 0 and at each decade above the linear part, within the points' range: the
+        # threshold's own decade would sit one label's width from 0's
+        decades = 10.0 ** np.arange(np.log10(threshold) + 1, np.floor(np.log10(top)) + 1)
+        axis.set_ticks(np.concatenate([-decades[::-1], [0.0], decades]))
 
 
 def rank_table(
