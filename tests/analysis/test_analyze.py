@@ -163,11 +163,11 @@ def test_runs_probed_differently_are_refused_unless_allowed(sweep, tmp_path):
     def more_tokens(directory: Path) -> None:
         path = directory / ".hydra" / "config.yaml"
         config = yaml.safe_load(path.read_text())
-        config["callbacks"]["isotropy"]["max_tokens"] = 999
+        config["callbacks"]["probe"]["max_tokens"] = 999
         path.write_text(yaml.safe_dump(config))
 
     copied = copy_with(sweep, tmp_path, more_tokens)
-    with pytest.raises(AnalysisError, match=r"callbacks\.isotropy\.max_tokens: 300, 999"):
+    with pytest.raises(AnalysisError, match=r"callbacks\.probe\.max_tokens: 300, 999"):
         load_study([str(copied)])
     assert len(load_study([str(copied)], allow_mixed=True).runs) == 4
 

@@ -405,7 +405,7 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_dupli
 
     state = torch.load(checkpoint, weights_only=True)
     (probe_state,) = [s for k, s in state["callbacks"].items() if "ProbeCallback" in k]
-    saved = sorted({int(r["epoch"]) for r in probe_state["records"]})
+    saved = sorted({int(r["epoch"]) for r in probe_state["records"]["isotropy"]})
     assert saved == [0, 1]
     _, history = wandb_history(first)
     # the probe's metric rows (the end-of-fit trajectory image's row carries probe/epoch too)
