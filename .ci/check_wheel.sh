@@ -59,8 +59,9 @@ print(f"wheel: imported the repository's {len(names)} modules from {isoprobe.__p
 sys.argv = [
     script, "model=llm", "model.checkpoint=bundled", "model.num_samples=2",
     "model.forecast_on_validation=false", "task=probe", "trainer=cpu",
-    "trainer.enable_progress_bar=false", "logger=none", "callbacks=isotropy",
-    "callbacks.isotropy.num_windows=4", "callbacks.isotropy.metrics.metrics=[cos_inter,isoscore]",
+    "trainer.enable_progress_bar=false", "logger=none", "callbacks=probe",
+    "callbacks.probe.measures=[isotropy]", "callbacks.probe.num_windows=4",
+    "callbacks.probe.isotropy.metrics.metrics=[cos_inter,isoscore]",
     "data.context_length=32", "data.prediction_length=8", "data.max_eval_windows=4",
     f"paths.root_dir={venv}/..",
 ]
