@@ -64,7 +64,8 @@ def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) ->
 def drift_against_gain(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per drift column (layer, ``last``, ``mean``) × forecast metric with a before and
     an after value: the pooled ρ with the gain 1 - after / before (and its p), and the ρ
-    stratified by model (and its p); BH q over the table (empty without drift or training)."""
+    stratified by model (and its p); families and BH q over the exploratory tests
+    (:func:`~isoprobe.analysis.family.assign_families`; empty without drift or training)."""
     geometry = geometry_at(study, "after")
     runs = study.runs.set_index("run")
     mixed = runs["model"].nunique() > 1

@@ -215,16 +215,12 @@ def _tick_labels(names: pd.Index) -> list[str]:
     ]
 
 
-#: the layer choices every architecture has, the columns of a heatmap pooling several models
-POOLED_LAYERS = ACROSS_MODELS
-
-
 def _heatmap_layers(study: Study, layers: set[str]) -> list[str]:
     """The heatmap's columns among ``layers``: with one model, every layer in the order its
     probe recorded them (embed first), then ``last`` and ``mean``; with several, whose layers
-    differ, only :data:`POOLED_LAYERS`."""
+    differ, only :data:`~isoprobe.analysis.correlations.ACROSS_MODELS`."""
     if study.runs["model"].astype(str).nunique() > 1:
-        return [layer for layer in POOLED_LAYERS if layer in layers]
+        return [layer for layer in ACROSS_MODELS if layer in layers]
     recorded = [layer for layer in pd.unique(study.table["layer"].astype(str)) if layer in layers]
     return recorded + [layer for layer in ("last", "mean") if layer in layers]
 
