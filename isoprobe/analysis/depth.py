@@ -30,7 +30,9 @@ from isoprobe.metrics.similarity import CKA_DRIFT as DRIFT
 
 def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One row per geometry metric: runs, run × layer pairs, the within-run ρ with
-    ``readout_nmse`` combined over runs, its permutation p and BH q (empty without readout)."""
+    ``readout_nmse`` combined over runs, its permutation p and BH q (empty without readout); a
+    measure of the weights alone over runs that share weights is undefined
+    (:mod:`.independence`)."""
     table = study.table
     table = table[table["epoch"] == table.groupby("run")["epoch"].transform("max")]
     readout = table[table["metric"] == READOUT].set_index(["run", "layer"])["value"]
@@ -47,14 +49,21 @@ def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) ->
     y = readout.reindex(wide.index).to_numpy(dtype=float)
     strata = wide.index.get_level_values("run").to_numpy()
     rho, p, n, _ = stratified_spearman(wide.to_numpy(dtype=float), y, strata, n_perm, seed)
+    # each run is a stratum: a measure of the weights over runs (strata) that share weights
+    # counts the same weights again in each of them (the rule of independence)
+    per_run = wide.notna().groupby(level="run").any()
+    metrics = wide.columns.get_level_values(1)
+    present = np.where(per_run.to_numpy(), 1.0, np.nan)
+    shared = shared_weight_tests(study, "after", list(per_run.index), metrics, present)
     out = pd.DataFrame(
         {
             "probe": wide.columns.get_level_values(0),
-            "metric": wide.columns.get_level_values(1),
+            "metric": metrics,
             "pairs": n,
             "runs": len(pd.unique(strata)),
-            "spearman_within_run": rho,
-            "p_value": p,
+            "spearman_within_run": np.where(shared, np.nan, rho),
+            "p_value": np.where(shared, np.nan, p),
+            "undefined": np.where(shared, SHARED_WEIGHTS, None),
         }
     )
     out["q_value"] = q_values(out["p_value"].to_numpy())

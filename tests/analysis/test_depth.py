@@ -7,7 +7,11 @@ import numpy as np
 import pandas as pd
 
 from isoprobe.analysis.depth import drift_against_gain, geometry_against_readout
+from isoprobe.analysis.independence import SHARED_WEIGHTS
 from isoprobe.analysis.study import Study
+from isoprobe.metrics.rank import rank_metric
+
+WEIGHT_METRIC = rank_metric(0.01, "q")
 
 
 def _study(rng: np.random.Generator) -> Study:
@@ -72,3 +76,31 @@ def test_drift_follows_the_forecast_gain():
     assert last["forecast_gain"] == "gain_test_nmse" and last["n"] == 12
     assert last["spearman"] > 0.9 and last["spearman_within_model"] > 0.9
     assert last["q_value"] < 0.01
+
+
+def test_a_weight_measure_across_runs_that_share_weights_is_not_combined():
+    """Twelve zero-shot runs of two models: each model's ε-rank of a projection is the same in
+    its six runs, which are one observation of those weights, not six strata."""
+    study = _study(np.random.default_rng(1))
+    last = study.table["epoch"] == 1
+    study.table = study.table[~last].reset_index(drop=True)  # zero-shot: one probe, epoch 0
+    weights = [
+        {
+            "run": run,
+            "probe": "rank",
+            "epoch": 0,
+            "layer": f"encoder.{block}",
+            "metric": WEIGHT_METRIC,
+            "value": 10.0 + 3 * block + int(model[1:]),
+        }
+        for run, model in zip(study.runs["run"], study.runs["model"], strict=True)
+        for block in range(4)
+    ]
+    study.table = pd.concat([study.table, pd.DataFrame(weights)], ignore_index=True)
+    by_metric = geometry_against_readout(study, n_perm=200).set_index("metric")
+    assert by_metric.at[WEIGHT_METRIC, "undefined"] == SHARED_WEIGHTS
+    assert np.isnan(
+        by_metric.loc[WEIGHT_METRIC, ["spearman_within_run", "p_value", "q_value"]].astype(float)
+    ).all()
+    assert pd.isna(by_metric.at["isoscore", "undefined"])
+    assert by_metric.at["isoscore", "q_value"] < 0.01
