@@ -1,6 +1,6 @@
 """Measures from the user's own modules: importing a module registers the measures in it
 (:func:`isoprobe.metrics.register_measure`, :func:`isoprobe.metrics.describe_metric`), so a
-setting that lists modules (``callbacks.probe.isotropy.plugins``, ``analyze.plugins``) is all it
+setting that lists modules (``callbacks.probe.plugins``, ``analyze.plugins``) is all it
 takes to add one, without editing isoprobe."""
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from isoprobe.metrics.registry import MetricInfo, describe_metric
+from isoprobe.metrics.registry import MetricInfo, describe_metric, register_measure
 
 
 def singular_values(M: Tensor) -> Tensor:
@@ -42,7 +44,6 @@ TOKEN_RANK_PREFIX = "rank_uncentred_eps"
 TOKEN_RANK_METRIC = re.compile(rf"{TOKEN_RANK_PREFIX}([0-9.e+-]+)")
 
 describe_metric(TOKEN_RANK_METRIC.pattern, MetricInfo(direction=1), pattern=True)
-describe_metric(r"rank_[a-z]+_eps[0-9.e+-]+", MetricInfo(direction=1), pattern=True)
 #: the flow of ranks at the paper's middle ε in the run's summary table
 describe_metric(f"{TOKEN_RANK_PREFIX}0.01", MetricInfo(direction=1, summary=True))
 #: the width of a layer's tokens (their dimension), beside its ε-ranks: the most a rank can be
@@ -68,3 +69,39 @@ def is_weight_metric(metric: str) -> bool:
     """Whether ``metric`` measures weights alone (an ε-rank of a projection), so that runs
     which share their weights share its value whatever data they read."""
     return bool(WEIGHT_RANK_METRIC.match(metric)) and not metric.startswith(TOKEN_RANK_PREFIX)
+
+
+#: the paper's relative thresholds ε
+DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
+
+
+@dataclass(frozen=True)
+class RankOptions:
+    """The ε-ranks' parameter: ``epsilons``, the relative thresholds ε (each in (0, 1]), kept
+    sorted and distinct."""
+
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+
+    def __post_init__(self) -> None:
+        bad = [eps for eps in self.epsilons if not 0 < float(eps) <= 1]
+        if not self.epsilons or bad:
+            raise ValueError(f"epsilons must be values in (0, 1], got {list(self.epsilons)}")
+        object.__setattr__(self, "epsilons", tuple(sorted({float(e) for e in self.epsilons})))
+
+
+@register_measure(
+    "attention_rank",
+    kind="weights",
+    params=RankOptions,
+    prepare=singular_values,
+    key_pattern=r"rank_[a-z]+_eps[0-9.e+-]+",
+    info=MetricInfo(direction=1),
+)
+def attention_rank(spectra: Mapping[str, Tensor], options: RankOptions) -> dict[str, float]:
+    """``rank_<p>_eps<ε>``: the ε-rank of each projection p of one attention block, from its
+    singular values (eq. 1), for every ε."""
+    return {
+        rank_metric(eps, p): float(rank_from_singular_values(sigma, eps))
+        for p, sigma in spectra.items()
+        for eps in options.epsilons
+    }

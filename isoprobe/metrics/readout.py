@@ -11,23 +11,18 @@ penalised), as scikit-learn's ``RidgeCV`` does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from isoprobe.metrics.registry import MetricInfo, describe_metric
+from isoprobe.metrics.registry import MetricInfo, register_measure
 
 #: the readout's test error per layer: where in depth the forecast forms (task=analyze's depth)
 READOUT_NMSE = "readout_nmse"
 #: 1 - the readout's NMSE / that of predicting the training windows' mean horizon
 READOUT_SKILL = "readout_skill"
-
-describe_metric(
-    READOUT_NMSE,
-    MetricInfo(direction=-1, summary=True, log_scale=True, shown=True, forecast=True),
-)
-describe_metric(READOUT_SKILL, MetricInfo(direction=1, forecast=True))
 
 #: the ridge penalties tried, relative to the mean squared singular value of the features
 RELATIVE_ALPHAS = tuple(10.0**k for k in range(-4, 5))
@@ -79,3 +74,42 @@ def ridge_readout(
     nmse = float((predicted - Yt).pow(2).mean()) / power
     chance = float((y_mean - Yt).pow(2).mean()) / power
     return Readout(nmse, chance, 1.0 - nmse / chance, alpha)
+
+
+@dataclass(frozen=True)
+class ReadoutOptions:
+    """The readout's parameter: ``train_fraction``, the share of the probe windows (the first,
+    in probe-set order) it is fitted on; the rest score it."""
+
+    train_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 < self.train_fraction < 1:
+            raise ValueError(
+                f"readout.train_fraction must lie in (0, 1) (the rest of the windows score the "
+                f"readout), got {self.train_fraction}"
+            )
+
+
+@register_measure(
+    "readout",
+    (READOUT_NMSE, READOUT_SKILL),
+    kind="windows",
+    params=ReadoutOptions,
+    info={
+        READOUT_NMSE: MetricInfo(
+            direction=-1, summary=True, log_scale=True, shown=True, forecast=True
+        ),
+        READOUT_SKILL: MetricInfo(direction=1, forecast=True),
+    },
+)
+def readout(features: Tensor, targets: Tensor, options: ReadoutOptions) -> dict[str, float]:
+    """:func:`ridge_readout` of ``targets`` [W, H] from ``features`` [W, D], fitted on the first
+    ``train_fraction`` of the windows and scored on the rest; windows with a non-finite feature
+    or target are left out (a ValueError where too few are left)."""
+    n_train = math.ceil(options.train_fraction * len(targets))
+    usable = torch.isfinite(targets).all(dim=1) & torch.isfinite(features).all(dim=1)
+    train, test = usable.clone(), usable.clone()
+    train[n_train:], test[:n_train] = False, False
+    fitted = ridge_readout(features[train], targets[train], features[test], targets[test])
+    return {READOUT_NMSE: fitted.nmse, READOUT_SKILL: fitted.skill}

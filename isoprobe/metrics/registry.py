@@ -1,42 +1,109 @@
-"""The registry of the isotropy probe's measures: name -> function, with the keys it produces,
-and of every metric key's metadata (:class:`MetricInfo`), which the run's summary table, the
-probe's plots and ``task=analyze`` read: no metric name is written anywhere else.
+"""The registry of the probe's measures, of four kinds by what they read, and of every metric
+key's metadata (:class:`MetricInfo`), which the run's summary table, the probe's plots and
+``task=analyze`` read: no metric name is written anywhere else.
 
-A measure is registered where its function is defined, with :func:`register_measure`::
+A measure is registered where its function is defined, with :func:`register_measure`, which
+names its kind (what the probe hands it), its keys (the metric names of its rows) and, if it
+takes any, its parameters as a dataclass. The kinds (:data:`KINDS`), one row per key and:
 
-    @register_measure("participation_ratio")
-    def _participation_ratio(tokens: Tokens) -> dict[str, float]:
-        return {"participation_ratio": participation_ratio_from_eigenvalues(tokens.eigenvalues)}
+- ``tokens`` -- per probed layer, ``fn(tokens)``: one token set, the layer's
+  :class:`isoprobe.metrics.suite.Tokens` (the matrix [N, D] and the intermediates every such
+  measure shares). They run in the ``isotropy`` measures, chosen with
+  ``callbacks.probe.isotropy.metrics.metrics`` (``all``: every one registered).
+- ``pair`` -- per probed layer, ``fn(a, b)``: two token sets on the same rows, which the probe
+  pairs as the measure's ``pairing`` says (:data:`PAIRINGS`): ``drift``, the layer now (a)
+  against the same layer at step 0 (b); ``prev``, the layer (a) against the layer probed just
+  before it on the same tokens (b; ``embed`` before a stack's first block).
+- ``windows`` -- per probed layer, ``fn(features, targets)``: each probe window's mean real
+  token [W, D] with its horizon scaled by its context [W, H] (float64, probe-set order, NaN
+  where a window has no real token or a missing target value).
+- ``weights`` -- per attention block, ``fn(projections)``: projection name (q, k, v, o) -> the
+  block's matrix (a decoder block's cross-attention as block ``<block>.cross``).
 
-It is then selectable by name (``callbacks.probe.isotropy.metrics.metrics``), runs under
-``metrics: all`` (the default), and its keys are the metric names of the probe's rows, CSV and
-logs. The function takes the layer's :class:`isoprobe.metrics.suite.Tokens` (the token matrix,
-the intermediates every measure shares, the probe's options and the previous layer's tokens) and
-returns exactly the keys it was registered with.
+A measure with parameters gets them as the last argument, built from its options in the
+config. A ``pair``, ``windows`` or ``weights`` measure runs when ``callbacks.probe.measures``
+names it, with its options under ``callbacks.probe.<name>``; the built-in measure sets
+(``cka``, ``readout``, ``rank``) run the built-in ones. A user's module registers its own and
+is named in ``callbacks.probe.plugins``: nothing inside isoprobe is edited::
+
+    @register_measure("procrustes_drift", kind="pair", pairing="drift")
+    def procrustes_drift(now: Tensor, before: Tensor) -> dict[str, float]:
+        ...
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from isoprobe.metrics.suite import Tokens
+from torch import Tensor
 
-#: the selection that means every registered measure
+#: the selection that means every registered ``tokens`` measure
 ALL = "all"
+TOKENS, PAIR, WINDOWS, WEIGHTS = "tokens", "pair", "windows", "weights"
+#: what a measure reads (module docstring)
+KINDS = (TOKENS, PAIR, WINDOWS, WEIGHTS)
+DRIFT, PREVIOUS = "drift", "prev"
+#: which two token sets a ``pair`` measure reads (module docstring)
+PAIRINGS = (DRIFT, PREVIOUS)
+ISOTROPY_OUTPUT, RANK_OUTPUT = "isotropy", "rank"
 
 
 @dataclass(frozen=True)
 class Measure:
-    """A registered measure: ``fn(tokens) -> {key: value}`` producing exactly ``keys``."""
+    """A registered measure (:func:`register_measure`): ``fn`` of the inputs its ``kind``
+    reads, producing exactly ``keys`` or, with ``key_pattern``, keys that match it."""
 
     name: str
     keys: tuple[str, ...]
-    fn: Callable[[Tokens], Mapping[str, Any]]
+    fn: Callable[..., Mapping[str, Any]]
+    kind: str = TOKENS
+    params: type | None = None
+    prepare: Callable[[Tensor], Any] | None = None
+    pairing: str | None = None
+    output: str = ISOTROPY_OUTPUT
+    key_pattern: str | None = None
+
+    def parameters(self, options: Mapping[str, Any] | None, setting: str) -> Any:
+        """Its parameters (an instance of :attr:`params`) from ``options``, the mapping at
+        ``setting`` in the config; None for a measure that takes none. An option the dataclass
+        does not have is refused, naming ``setting`` and the options it has."""
+        options = dict(options or {})
+        known = [f.name for f in fields(self.params)] if self.params is not None else []
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(
+                f"{setting}: the measure {self.name!r} has no option(s) {unknown}; its options "
+                f"are {known or 'none'}"
+            )
+        return None if self.params is None else self.params(**options)
+
+    def prepared(self, matrix: Tensor) -> Any:
+        """``matrix`` as ``fn`` reads it (:attr:`prepare`'s result, or itself)."""
+        return matrix if self.prepare is None else self.prepare(matrix)
+
+    def __call__(self, *inputs: Any, params: Any = None) -> dict[str, float]:
+        """``fn`` of ``inputs`` (and ``params`` where it takes parameters) as floats (in key
+        order where it declared its keys); a measure that returns other keys than it declared
+        is refused."""
+        values = self.fn(*inputs) if self.params is None else self.fn(*inputs, params)
+        if self.key_pattern is None and set(values) != set(self.keys):
+            raise RuntimeError(
+                f"probe measure {self.name!r} returned keys {sorted(values)}, not the keys it "
+                f"was registered with, {list(self.keys)}"
+            )
+        if self.key_pattern is not None:
+            stray = [key for key in values if not re.fullmatch(self.key_pattern, key)]
+            if stray:
+                raise RuntimeError(
+                    f"probe measure {self.name!r} returned keys {stray}, which do not match "
+                    f"its key pattern {self.key_pattern!r}"
+                )
+            return {key: float(value) for key, value in values.items()}
+        return {key: float(values[key]) for key in self.keys}
 
 
 @dataclass(frozen=True)
@@ -104,9 +171,10 @@ def metrics_where(flag: str) -> tuple[str, ...]:
 
 _MEASURES: dict[str, Measure] = {}
 _KEYS: dict[str, tuple[str, ...]] = {}
-#: name -> :class:`Measure`, in registration order (read-only view of the registry)
+#: name -> :class:`Measure` of every kind, in registration order (read-only view)
 MEASURES: Mapping[str, Measure] = MappingProxyType(_MEASURES)
-#: name -> the keys it produces, in registration order (read-only view of the registry)
+#: name -> the keys it produces, of the ``tokens`` measures, in registration order (read-only
+#: view): what ``metrics: all`` of the isotropy measures runs
 ALL_METRICS: Mapping[str, tuple[str, ...]] = MappingProxyType(_KEYS)
 #: former metric names -> their names now
 RENAMED_METRICS: Mapping[str, str] = MappingProxyType({"eps_rank": "eps_rank_centred"})
@@ -116,34 +184,71 @@ def register_measure(
     name: str,
     keys: Sequence[str] | None = None,
     info: MetricInfo | Mapping[str, MetricInfo] | None = None,
-) -> Callable[[Callable[[Tokens], Mapping[str, Any]]], Callable[[Tokens], Mapping[str, Any]]]:
-    """Decorator: register ``fn(tokens) -> {key: value}`` as the measure ``name``, producing
-    ``keys`` (default: the one key ``name``), with ``info``: the :class:`MetricInfo` of every
-    key, or key -> its :class:`MetricInfo` (a key left out gets the default). Names and keys
-    are unique across measures (they become metric names); ``all`` and former names are
-    reserved."""
-    produced = tuple(keys) if keys is not None else (name,)
-    if isinstance(info, Mapping) and set(info) - set(produced):
+    *,
+    key_pattern: str | None = None,
+    kind: str = TOKENS,
+    params: type | None = None,
+    prepare: Callable[[Tensor], Any] | None = None,
+    pairing: str | None = None,
+    output: str | None = None,
+) -> Callable[[Callable[..., Mapping[str, Any]]], Callable[..., Mapping[str, Any]]]:
+    """Decorator: register ``fn`` as the measure ``name`` of ``kind`` (:data:`KINDS`; what
+    ``fn`` reads is in the module docstring), producing ``keys`` (default: the one key
+    ``name``), with ``info``: the :class:`MetricInfo` of every key, or key -> its
+    :class:`MetricInfo` (a key left out gets the default). A measure whose parameters or
+    inputs decide its keys (``rank_<projection>_eps<ε>``) gives ``key_pattern`` instead, a
+    regular expression every key it returns matches in full, and ``info`` for all of them.
+
+    ``params``: a dataclass of the measure's parameters, built from its options in the config
+    (an unknown option is refused) and passed to ``fn`` as its last argument; without one,
+    ``fn`` takes its inputs alone. ``prepare``: a function of one input matrix whose result
+    ``fn`` reads instead (a ``pair`` measure's side prepared once for every pairing, a
+    ``weights`` measure's singular values). ``pairing`` (``pair`` only): which two token sets
+    the probe pairs, :data:`PAIRINGS`. ``output``: the output group its rows go to
+    (``isotropy`` or ``rank``; default ``rank`` for ``weights``, else ``isotropy``).
+
+    Names and static keys are unique across measures (they become metric names); ``all`` and
+    former names are reserved."""
+    if kind not in KINDS:
+        raise ValueError(f"probe measure {name!r}: kind must be one of {KINDS}, got {kind!r}")
+    if (kind == PAIR) != (pairing is not None) or (pairing is not None and pairing not in PAIRINGS):
+        raise ValueError(
+            f"probe measure {name!r}: a pair measure names its pairing, one of {PAIRINGS}, and "
+            f"no other kind does (kind {kind!r}, pairing {pairing!r})"
+        )
+    if params is not None and not is_dataclass(params):
+        raise TypeError(f"probe measure {name!r}: params must be a dataclass, got {params!r}")
+    if key_pattern is not None and (keys is not None or isinstance(info, Mapping)):
+        raise ValueError(
+            f"probe measure {name!r}: give its keys or a key pattern with one MetricInfo for "
+            "every key it matches, not both"
+        )
+    static = () if key_pattern is not None else tuple(keys) if keys is not None else (name,)
+    if isinstance(info, Mapping) and set(info) - set(static):
         raise ValueError(
             f"probe measure {name!r}: metadata for keys it does not produce: "
-            f"{sorted(set(info) - set(produced))}"
+            f"{sorted(set(info) - set(static))}"
         )
 
-    def register(
-        fn: Callable[[Tokens], Mapping[str, Any]],
-    ) -> Callable[[Tokens], Mapping[str, Any]]:
+    def register(fn: Callable[..., Mapping[str, Any]]) -> Callable[..., Mapping[str, Any]]:
         if name == ALL or name in RENAMED_METRICS or name in _MEASURES:
-            raise ValueError(f"probe measure name {name!r} is taken; registered: {list(_KEYS)}")
-        taken = {key for existing in _KEYS.values() for key in existing}
-        clash = [key for key in produced if key in taken]
-        if not produced or clash or len(set(produced)) < len(produced):
+            raise ValueError(f"probe measure name {name!r} is taken; registered: {list(_MEASURES)}")
+        taken = {key for existing in _MEASURES.values() for key in existing.keys}
+        clash = [key for key in static if key in taken]
+        if (not static and key_pattern is None) or clash or len(set(static)) < len(static):
             raise ValueError(
-                f"probe measure {name!r}: its keys {list(produced)} must be distinct, new and at "
+                f"probe measure {name!r}: its keys {list(static)} must be distinct, new and at "
                 f"least one (already produced by other measures: {clash})"
             )
-        _MEASURES[name] = Measure(name, produced, fn)
-        _KEYS[name] = produced
-        for key in produced:
+        group = output or (RANK_OUTPUT if kind == WEIGHTS else ISOTROPY_OUTPUT)
+        _MEASURES[name] = Measure(
+            name, static, fn, kind, params, prepare, pairing, group, key_pattern
+        )
+        if kind == TOKENS:
+            _KEYS[name] = static
+        if key_pattern is not None:
+            describe_metric(key_pattern, info or MetricInfo(), pattern=True)
+        for key in static:
             described = info.get(key) if isinstance(info, Mapping) else info
             describe_metric(key, described or MetricInfo())
         return fn
@@ -154,9 +259,12 @@ def register_measure(
 def unregister_measure(name: str) -> None:
     """Remove the measure ``name`` and its keys' metadata from the registry (a plug-in's, or a
     test's)."""
-    for key in _KEYS[name]:
+    measure = _MEASURES.pop(name)
+    for key in measure.keys:
         _INFO.pop(key, None)
-    del _MEASURES[name], _KEYS[name]
+    if measure.key_pattern is not None:
+        _INFO_PATTERNS.pop(measure.key_pattern, None)
+    _KEYS.pop(name, None)
 
 
 def selected_measures(metrics: str | Sequence[str]) -> tuple[str, ...]:
@@ -176,7 +284,7 @@ def selected_measures(metrics: str | Sequence[str]) -> tuple[str, ...]:
             f"probe metrics {list(renamed)} were renamed: write {list(renamed.values())} "
             "in callbacks.probe.isotropy.metrics.metrics"
         )
-    unknown = [m for m in names if m not in _MEASURES]
+    unknown = [m for m in names if m not in _KEYS]
     if unknown:
         raise ValueError(
             f"unknown probe metrics {unknown}; choose from {list(_KEYS)} or {ALL!r} (a new "

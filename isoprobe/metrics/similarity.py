@@ -22,16 +22,12 @@ from functools import cached_property
 from torch import Tensor
 
 from isoprobe.metrics._tokens import as_token_matrix, centre
-from isoprobe.metrics.registry import MetricInfo, describe_metric
+from isoprobe.metrics.registry import DRIFT, PREVIOUS, MetricInfo, register_measure
 
-#: 1 - CKA of a layer against itself at epoch 0 (isoprobe/probing/similarity.py)
+#: 1 - CKA of a layer against itself at step 0 (isoprobe/probing/similarity.py)
 CKA_DRIFT = "cka_drift"
-
-describe_metric(CKA_DRIFT, MetricInfo(summary=True, shown=True))
 #: CKA of a layer with the layer probed before it
 CKA_PREV = "cka_prev"
-
-describe_metric(CKA_PREV, MetricInfo())
 
 
 @dataclass(frozen=True)
@@ -114,3 +110,33 @@ def linear_cka(X: Tensor, Y: Tensor, debiased: bool = False) -> float:
     0). NaN when X or Y has no spread. Float64 on the inputs' device; a ValueError for fewer
     than 4 rows, non-finite values or different row counts."""
     return cka_of_sides(CkaSide.of(X, "X"), CkaSide.of(Y, "Y"), debiased)
+
+
+@dataclass(frozen=True)
+class CkaOptions:
+    """The CKA measures' parameter: ``debiased``, Song et al.'s unbiased HSIC."""
+
+    debiased: bool = False
+
+
+def _side(X: Tensor) -> CkaSide:
+    return CkaSide.of(X, name="a layer's tokens")
+
+
+@register_measure(
+    CKA_DRIFT,
+    kind="pair",
+    pairing=DRIFT,
+    params=CkaOptions,
+    prepare=_side,
+    info=MetricInfo(summary=True, shown=True),
+)
+def cka_drift(now: CkaSide, before: CkaSide, options: CkaOptions) -> dict[str, float]:
+    """1 - CKA of a layer's tokens now against the same layer's at step 0."""
+    return {CKA_DRIFT: 1.0 - cka_of_sides(now, before, options.debiased)}
+
+
+@register_measure(CKA_PREV, kind="pair", pairing=PREVIOUS, params=CkaOptions, prepare=_side)
+def cka_prev(layer: CkaSide, previous: CkaSide, options: CkaOptions) -> dict[str, float]:
+    """CKA of a layer's tokens with those of the layer probed just before it."""
+    return {CKA_PREV: cka_of_sides(layer, previous, options.debiased)}

@@ -6,8 +6,10 @@ clustering are computed once for all of them."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,8 +47,10 @@ class ProbeMetricsConfig:
     """Which measures :func:`probe_metrics` runs (``"all"``, the default: every registered one;
     or names of :data:`ALL_METRICS`) and their parameters: the k-means sweep
     ``k_min``..``k_max``, ``min_silhouette`` and ``seed`` of the cluster-adjusted cosine, the
-    effective dimension's ``ed_threshold`` and the centred ε-rank's ``rank_eps``. ``metrics``
-    holds the chosen names once built."""
+    effective dimension's ``ed_threshold`` and the centred ε-rank's ``rank_eps``, which the
+    built-in measures share; ``params``: name -> the options of a chosen measure registered
+    with a ``params`` dataclass (a plug-in's own parameters). Once built, ``metrics`` holds the
+    chosen names and ``params`` each such measure's parameters."""
 
     metrics: str | Sequence[str] = ALL
     k_min: int = 2
@@ -55,9 +59,26 @@ class ProbeMetricsConfig:
     seed: int = 0
     ed_threshold: float = 0.8
     rank_eps: float = 1e-2
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "metrics", selected_measures(self.metrics))
+        chosen = selected_measures(self.metrics)
+        object.__setattr__(self, "metrics", chosen)
+        options = dict(self.params or {})
+        unchosen = sorted(set(options) - set(chosen))
+        if unchosen:
+            raise ValueError(
+                f"callbacks.probe.isotropy.metrics.params names {unchosen}, which are not among "
+                f"the chosen measures {list(chosen)}"
+            )
+        built = {
+            name: MEASURES[name].parameters(
+                options.get(name), f"callbacks.probe.isotropy.metrics.params.{name}"
+            )
+            for name in chosen
+            if MEASURES[name].params is not None
+        }
+        object.__setattr__(self, "params", MappingProxyType(built))
         check_cluster_range(self.k_min, self.k_max)
         if not 0 < self.ed_threshold <= 1:
             raise ValueError(f"ed_threshold must lie in (0, 1], got {self.ed_threshold}")
@@ -89,10 +110,6 @@ class Tokens:
     Attributes:
         X: the tokens [N, D], validated float64 (a ValueError names what is wrong).
         cfg: the probe's :class:`ProbeMetricsConfig` (which measures run, their parameters).
-        previous: the :class:`Tokens` of the layer the probe measured just before this one in
-            the same stack (``embed`` before a stack's first layer), whose rows are the same
-            tokens, for a measure across consecutive layers; None for a stack's first layer,
-            after a layer that could not be measured, and outside the probe.
 
     X is centred once; the feature Gram matrix C^T C of the centred rows C plus N·mean·meanᵀ is
     the X^T X whose eigendecomposition gives the partition ratio's candidates and, by a rank-one
@@ -102,12 +119,9 @@ class Tokens:
     clustering and the spectrum side by side only makes them compete.
     """
 
-    def __init__(
-        self, X: Tensor, cfg: ProbeMetricsConfig | None = None, previous: Tokens | None = None
-    ) -> None:
+    def __init__(self, X: Tensor, cfg: ProbeMetricsConfig | None = None) -> None:
         self.X = as_token_matrix(X)
         self.cfg = ProbeMetricsConfig.from_any(cfg)
-        self.previous = previous
 
     @property
     def n(self) -> int:
@@ -156,18 +170,11 @@ class Tokens:
 def measure_tokens(tokens: Tokens) -> dict[str, float]:
     """The chosen measures of ``tokens`` (``tokens.cfg.metrics``) as a flat dict of floats in
     registration order (ints as floats; NaN where a measure is undefined)."""
-    chosen = set(tokens.cfg.metrics)
+    chosen, params = set(tokens.cfg.metrics), tokens.cfg.params
     out: dict[str, float] = {}
-    for name, measure in MEASURES.items():
-        if name not in chosen:
-            continue
-        values = measure.fn(tokens)
-        if set(values) != set(measure.keys):
-            raise RuntimeError(
-                f"probe measure {name!r} returned keys {sorted(values)}, not the keys it was "
-                f"registered with, {list(measure.keys)}"
-            )
-        out.update((key, float(values[key])) for key in measure.keys)
+    for name in ALL_METRICS:
+        if name in chosen:
+            out.update(MEASURES[name](tokens, params=params.get(name)))
     return out
 
 

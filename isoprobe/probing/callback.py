@@ -27,6 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from isoprobe.metrics.plugins import import_plugins
 from isoprobe.probing.measure_set import Drawn, ProbeInputs
 from isoprobe.probing.measure_sets import build_measure_sets
 from isoprobe.probing.probe_output import OUTPUTS, ProbeOutput
@@ -44,13 +45,19 @@ class ProbeCallback(Callback):
 
     Args:
         measures: the measure sets to run, in order (their rows keep this order in each output
-            group): ``isotropy``, ``rank``, ``cka``, ``readout``.
+            group): ``isotropy``, ``rank``, ``cka``, ``readout``, or the name of a registered
+            ``pair``, ``windows`` or ``weights`` measure.
         isotropy, rank, cka, readout: each set's options
             (:class:`~isoprobe.probing.isotropy.IsotropyMeasures`,
             :class:`~isoprobe.probing.rank.RankMeasures`,
             :class:`~isoprobe.probing.similarity.SimilarityMeasures`,
             :class:`~isoprobe.probing.readout.ReadoutMeasures`); read only when named in
             ``measures``.
+        plugins: modules imported first (dotted names), whose measures, registered with
+            :func:`isoprobe.metrics.register_measure`, then run: a ``tokens`` measure in the
+            isotropy measures, one of another kind where ``measures`` names it.
+        measure_options: the parameters of a registered measure that ``measures`` names, under
+            its name (``procrustes_drift={"scaling": True}``).
         save_window_means: save each probe window's mean real token per probed layer
             (``window_means/epoch0.safetensors``, ``window_means/last.safetensors``).
         name: the checkpoint state's key; a name other than ``probe`` starts every output name
@@ -79,6 +86,7 @@ class ProbeCallback(Callback):
         rank: dict[str, Any] | None = None,
         cka: dict[str, Any] | None = None,
         readout: dict[str, Any] | None = None,
+        plugins: list[str] | tuple[str, ...] = (),
         save_window_means: bool = False,
         name: str = DEFAULT_NAME,
         every_n_epochs: int = 1,
@@ -96,6 +104,7 @@ class ProbeCallback(Callback):
         output_dir: str | None = None,
         log_tables: bool = True,
         figures_every_n_epochs: int = 0,
+        **measure_options: dict[str, Any] | None,
     ) -> None:
         self.schedule = Schedule(every_n_epochs, every_n_steps, log_spaced_steps)
         if figures_every_n_epochs < -1:
@@ -114,7 +123,9 @@ class ProbeCallback(Callback):
             tokens,
             precision,
         )
+        import_plugins(list(plugins), "callbacks.probe.plugins")
         options = {"isotropy": isotropy, "rank": rank, "cka": cka, "readout": readout}
+        options.update(measure_options)
         self.measure_sets = build_measure_sets(list(measures), options, int(seed))
         self.save_window_means = bool(save_window_means)
         self.name = name

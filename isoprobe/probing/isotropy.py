@@ -20,7 +20,6 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from isoprobe.metrics import ClusterCosine, ProbeMetricsConfig, Tokens, measure_tokens
-from isoprobe.metrics.plugins import import_plugins
 from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import cluster_colours, pca_coordinates, save_point_cloud
@@ -37,10 +36,9 @@ class IsotropyMeasures(MeasureSet):
 
     Args:
         metrics: :class:`isoprobe.metrics.ProbeMetricsConfig` fields (``metrics``: ``all`` or
-            names of registered measures, ``k_min``, ``k_max``, ``min_silhouette``, ``seed``,
-            ``ed_threshold``, ``rank_eps``); ``seed`` defaults to ``seed``.
-        plugins: modules to import first, whose measures (registered with
-            :func:`isoprobe.metrics.register_measure`) then run with the built-in ones.
+            names of registered ``tokens`` measures, ``k_min``, ``k_max``, ``min_silhouette``,
+            ``seed``, ``ed_threshold``, ``rank_eps``, and ``params``: name -> the options of a
+            measure registered with a ``params`` dataclass); ``seed`` defaults to ``seed``.
         pca_layers: layers whose 3-D PCA point cloud (coloured by k-means cluster) is saved and
             logged each probe; None = the first and the last ``encoder.*`` layer probed (the
             first and last probed layer if there is no encoder layer); ``[]`` = none.
@@ -52,11 +50,9 @@ class IsotropyMeasures(MeasureSet):
     def __init__(
         self,
         metrics: dict[str, Any] | None = None,
-        plugins: list[str] | None = None,
         pca_layers: list[str] | None = None,
         seed: int = 0,
     ) -> None:
-        import_plugins(list(plugins or []), "callbacks.probe.isotropy.plugins")
         self.metrics_config = ProbeMetricsConfig.from_any({"seed": seed, **dict(metrics or {})})
         self.pca_layers = list(pca_layers) if pca_layers is not None else None
         self._clouds_of: list[str] = []
@@ -69,25 +65,18 @@ class IsotropyMeasures(MeasureSet):
         pca_layers = set(self._clouds_of)
         rows: list[Row] = []
         clouds: dict[str, PointCloud] = {}
-        previous: tuple[str, Tokens | None] = ("", None)
         for layer, X in tqdm(
             inputs.tokens.items(),
             desc=f"isotropy probe, {when.label}",
             leave=False,
             disable=not inputs.progress,
         ):
-            before = previous[1] if _same_tokens(previous[0], layer) else None
-            values, measured, clusters = self._measure_layer(
-                layer, X, when.title, before, layer in pca_layers
-            )
+            values, clusters = self._measure_layer(layer, X, when.title, layer in pca_layers)
             if clusters is not None:
                 clouds[layer] = PointCloud(
                     pca_coordinates(X), cluster_colours(clusters.labels), clusters.k
                 )
             rows += [Row(layer, metric, value, note) for metric, (value, note) in values.items()]
-            if measured is not None:
-                measured.previous = None  # only the layer just before stays in memory
-            previous = (layer, measured)
         return Measurement(rows, clouds)
 
     def save_artefacts(self, directory: Path, when: ProbeTime, artefacts: Any) -> None:
@@ -120,21 +109,21 @@ class IsotropyMeasures(MeasureSet):
         return list(dict.fromkeys([candidates[0], candidates[-1]])) if candidates else []
 
     def _measure_layer(
-        self, layer: str, X: Tensor, label: str, previous: Tokens | None, with_cloud: bool
-    ) -> tuple[dict[str, tuple[float, str]], Tokens | None, ClusterCosine | None]:
-        """metric -> (value, note) of one layer's tokens, the measured :class:`Tokens` (None
-        when the layer was not measured) and, ``with_cloud``, its clustering for the cloud.
+        self, layer: str, X: Tensor, label: str, with_cloud: bool
+    ) -> tuple[dict[str, tuple[float, str]], ClusterCosine | None]:
+        """metric -> (value, note) of one layer's tokens and, ``with_cloud``, its clustering
+        for the cloud.
 
         A layer that cannot be measured (too few tokens, non-finite rows) gives one
         ``error`` row with the reason; the other layers go on.
         """
         try:
-            measured = Tokens(X, self.metrics_config, previous)
+            measured = Tokens(X, self.metrics_config)
             values = measure_tokens(measured)
             clusters = measured.clusters if with_cloud else None
         except ValueError as err:
             rank_zero_warn(f"isotropy measures: layer {layer} at {label} not measured: {err}")
-            return {ERROR_METRIC: (math.nan, str(err))}, None, None
+            return {ERROR_METRIC: (math.nan, str(err))}, None
         undefined = [m for m, v in values.items() if math.isnan(v)]
         if undefined:
             rank_zero_warn(
@@ -143,16 +132,4 @@ class IsotropyMeasures(MeasureSet):
             )
         ordered = {TOKENS_METRIC: (float(X.shape[0]), "")}
         ordered.update((m, (value, "")) for m, value in values.items())
-        return ordered, measured, clusters
-
-
-def _same_tokens(previous: str, layer: str) -> bool:
-    """Whether ``layer`` has the tokens of the layer probed before it, row for row: two layers of
-    one stack (``encoder.2``, ``encoder.3.attn``), or ``embed`` and the stack's first layer (the
-    layers of a stack share their mask, hence their subsample). ``decoder.0`` after the last
-    encoder layer reads other positions."""
-    return previous == "embed" or (bool(previous) and _stack(previous) == _stack(layer))
-
-
-def _stack(layer: str) -> str:
-    return layer.split(".", 1)[0]
+        return ordered, clusters

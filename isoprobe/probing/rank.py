@@ -38,22 +38,23 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from isoprobe.metrics.rank import (
+    DEFAULT_EPSILONS,
     TOKEN_WIDTH,
+    RankOptions,
     rank_from_singular_values,
     rank_metric,
     singular_values,
 )
-from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
+from isoprobe.metrics.registry import MEASURES
+from isoprobe.models.base import ATTENTION_PROJECTIONS, CROSS_SUFFIX
+from isoprobe.probing.measure_kinds import ERROR_METRIC, prepared_projections
 from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import save_flow_of_ranks, save_spectra
 from isoprobe.probing.schedule import ProbeTime
 
-DEFAULT_EPSILONS = (1e-3, 1e-2, 1e-1)
 FLOW_DIR = "flow_of_ranks"
 SPECTRA_DIR = "spectra"
-#: the metric of a row that says why a layer or projection was not measured (``note``)
-ERROR_METRIC = "error"
 
 
 @dataclass
@@ -83,10 +84,8 @@ class RankMeasures(MeasureSet):
         epsilons: list[float] | tuple[float, ...] = DEFAULT_EPSILONS,
         weights: bool = True,
     ) -> None:
-        bad = [eps for eps in epsilons if not 0 < float(eps) <= 1]
-        if not epsilons or bad:
-            raise ValueError(f"epsilons must be values in (0, 1], got {list(epsilons)}")
-        self.epsilons = tuple(sorted({float(eps) for eps in epsilons}))
+        self.options = RankOptions(tuple(epsilons))
+        self.epsilons = self.options.epsilons
         self.weights = bool(weights)
 
     def measure(self, inputs: ProbeInputs) -> Measurement:
@@ -107,18 +106,16 @@ class RankMeasures(MeasureSet):
         weight_spectra: dict[str, dict[str, Tensor]] = {}
         cross_spectra: dict[str, dict[str, Tensor]] = {}
         if self.weights:
-            weight_spectra = _projection_spectra(
-                pl_module.attention_weights(), str, when.title, rows
-            )
-            # a module written before cross_attention_weights() joined the contract has none
-            cross = getattr(pl_module, "cross_attention_weights", dict)()
-            cross_spectra = _projection_spectra(cross, cross_name, when.title, rows)
-            for layer, spectra in {**weight_spectra, **cross_spectra}.items():
-                rows += [
-                    Row(layer, rank_metric(eps, p), float(rank_from_singular_values(sigma, eps)))
-                    for p, sigma in spectra.items()
-                    for eps in self.epsilons
-                ]
+            # the registered weights measure, on the singular values it prepares, which the
+            # pictures draw too
+            measure = MEASURES["attention_rank"]
+            for block, spectra in prepared_projections(
+                measure, pl_module, when.title, rows
+            ).items():
+                values = measure(spectra, params=self.options)
+                rows += [Row(block, key, value) for key, value in values.items()]
+                by_block = cross_spectra if block.endswith(CROSS_SUFFIX) else weight_spectra
+                by_block[block] = spectra
         spectra = _Spectra(token_spectra, weight_spectra, self.epsilons, cross_spectra)
         return Measurement(rows, spectra)
 
@@ -173,30 +170,6 @@ def _spectrum_or_error_row(
     rank_zero_warn(f"rank measures: {layer} at {when} not measured: {reason}")
     rows.append(Row(layer, ERROR_METRIC, math.nan, reason))
     return None
-
-
-def _projection_spectra(
-    weights: dict[str, dict[str, Tensor]], name, when: str, rows: list[Row]
-) -> dict[str, dict[str, Tensor]]:
-    """``name(block)`` -> projection -> singular values of the matrices ``weights`` names; a
-    matrix that cannot be decomposed gets an error row instead (:func:`_spectrum_or_error_row`)
-    and is left out."""
-    spectra: dict[str, dict[str, Tensor]] = {}
-    with torch.no_grad():
-        for block, projections in weights.items():
-            layer = name(block)
-            found = {
-                p: _spectrum_or_error_row(
-                    projections[p].detach(),
-                    f"{layer}.{p}",
-                    f"{layer}'s {p} projection",
-                    when,
-                    rows,
-                )
-                for p in ATTENTION_PROJECTIONS
-            }
-            spectra[layer] = {p: sigma for p, sigma in found.items() if sigma is not None}
-    return spectra
 
 
 def _flow(spectra: _Spectra) -> dict[str, dict[float, list[tuple[str, int]]]]:

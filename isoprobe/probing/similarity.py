@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 import wandb
-from torch import Tensor
 
-from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaSide, cka_of_sides
-from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
-from isoprobe.probing.measurement import Measurement, Row
+from isoprobe.metrics.registry import MEASURES
+from isoprobe.metrics.similarity import CKA_DRIFT, CKA_PREV, CkaOptions, CkaSide, cka_of_sides
+from isoprobe.probing.measure_kinds import PairMeasures, token_groups
+from isoprobe.probing.measure_set import ProbeInputs
+from isoprobe.probing.measurement import Measurement
 from isoprobe.probing.plots import save_similarity_heatmap
 from isoprobe.probing.schedule import ProbeTime
 
@@ -53,11 +54,13 @@ class LayerMatrix:
     epoch: int = 0
 
 
-class SimilarityMeasures(MeasureSet):
-    """Drift from epoch 0 and layer-against-layer CKA (module docstring).
+class SimilarityMeasures(PairMeasures):
+    """Drift from step 0 and layer-against-layer CKA (module docstring): the registered pair
+    measures ``cka_drift`` and ``cka_prev`` (:mod:`isoprobe.metrics.similarity`), and the
+    matrix.
 
     Args:
-        drift: measure ``cka_drift`` (keeps every probed layer's epoch-0 tokens, N x D float32).
+        drift: measure ``cka_drift`` (keeps every probed layer's step-0 tokens, N x D float32).
         layer_pairs: measure ``cka_prev`` and the layer-against-layer matrix.
         debiased: the debiased CKA (for few tokens against wide layers).
     """
@@ -68,61 +71,33 @@ class SimilarityMeasures(MeasureSet):
                 "cka with drift=false and layer_pairs=false measures nothing; leave cka out "
                 "of callbacks.probe.measures instead"
             )
-        self.drift = bool(drift)
+        self.options = CkaOptions(bool(debiased))
+        chosen = [name for name, on in ((CKA_DRIFT, drift), (CKA_PREV, layer_pairs)) if on]
+        super().__init__([(MEASURES[name], self.options) for name in chosen])
         self.layer_pairs = bool(layer_pairs)
-        self.debiased = bool(debiased)
-        self._reference: dict[str, Tensor] = {}
-        self._reference_sides: dict[str, CkaSide] = {}
         #: by step
         self.matrices: dict[int, LayerMatrix] = {}
 
-    output = "isotropy"
-
     def measure(self, inputs: ProbeInputs) -> Measurement:
         """The rows of one probe, with its layer-against-layer matrix (None without pairs)."""
-        tokens, when = inputs.tokens, inputs.when
-        sides: dict[str, CkaSide] = {}
-        for layer, X in tokens.items():
-            try:
-                sides[layer] = CkaSide.of(X, name=f"{layer}'s tokens")
-            except ValueError:
-                continue
-        rows: list[Row] = []
-        if self.drift:
-            if when.step == 0 and when.epoch == 0:
-                self._reference = {
-                    layer: X.detach().float().cpu().clone() for layer, X in tokens.items()
-                }
-            rows += self._drift_rows(sides)
+        rows = super().measure(inputs).rows
         matrix = None
         if self.layer_pairs:
-            matrix = self.matrices[when.step] = self._pairs(sides, when.epoch)
-            rows += _previous_rows(matrix)
+            sides = self.prepared(MEASURES[CKA_PREV], inputs.tokens)
+            matrix = self.matrices[inputs.when.step] = self._pairs(sides, inputs.when.epoch)
         return Measurement(rows, matrix)
-
-    def _drift_rows(self, sides: dict[str, CkaSide]) -> list[Row]:
-        rows = []
-        for layer, side in sides.items():
-            reference = self._reference.get(layer)
-            if reference is None or reference.shape != side.centred.shape:
-                continue
-            before = self._reference_sides.get(layer)
-            if before is None:  # prepared once (centred, its Gram term) for every later epoch
-                before = self._reference_sides[layer] = CkaSide.of(
-                    reference.to(side.centred.device)
-                )
-            rows.append(Row(layer, CKA_DRIFT, 1.0 - cka_of_sides(side, before, self.debiased)))
-        return rows
 
     def _pairs(self, sides: dict[str, CkaSide], epoch: int) -> LayerMatrix:
         layers = list(sides)
         values = np.full((len(layers), len(layers)), math.nan)
-        groups = _token_groups(layers)
+        groups = token_groups(layers)
         for i, a in enumerate(layers):
             for j in range(i, len(layers)):
                 b = layers[j]
                 if groups[a] == groups[b] and sides[a].n == sides[b].n:
-                    value = 1.0 if i == j else cka_of_sides(sides[a], sides[b], self.debiased)
+                    value = (
+                        1.0 if i == j else cka_of_sides(sides[a], sides[b], self.options.debiased)
+                    )
                     values[i, j] = values[j, i] = value
         return LayerMatrix(layers, values, epoch)
 
@@ -164,32 +139,11 @@ class SimilarityMeasures(MeasureSet):
 
     def state_dict(self) -> dict[str, Any]:
         matrices = {s: (m.layers, m.values.tolist(), m.epoch) for s, m in self.matrices.items()}
-        return {"reference": dict(self._reference), "matrices": matrices}
+        return {**super().state_dict(), "matrices": matrices}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._reference = dict(state.get("reference", {}))
-        self._reference_sides = {}
+        super().load_state_dict(state)
         self.matrices = {
             int(step): LayerMatrix(list(saved[0]), np.asarray(saved[1], dtype=float), saved[-1])
             for step, saved in state.get("matrices", {}).items()
         }
-
-
-def _token_groups(layers: list[str]) -> dict[str, str]:
-    """Layer -> the tokens it reads: its stack (``encoder``, ``decoder``), ``embed`` with the
-    first stack probed after it (a stack's layers share their mask, hence their rows)."""
-    stacks = [layer.split(".", 1)[0] for layer in layers]
-    first = next((stack for stack in stacks if stack != "embed"), "embed")
-    return {
-        layer: first if stack == "embed" else stack
-        for layer, stack in zip(layers, stacks, strict=True)
-    }
-
-
-def _previous_rows(matrix: LayerMatrix) -> list[Row]:
-    rows = []
-    for i in range(1, len(matrix.layers)):
-        value = matrix.values[i, i - 1]
-        if not math.isnan(value):
-            rows.append(Row(matrix.layers[i], CKA_PREV, float(value)))
-    return rows

@@ -1,4 +1,4 @@
-"""A measure in the user's own module loads by config (callbacks.probe.isotropy.plugins), and its
+"""A measure in the user's own module loads by config (callbacks.probe.plugins), and its
 registration's metadata reaches the run's summary table and the trajectory plot's scale: no
 metric name is written anywhere else."""
 
@@ -37,7 +37,7 @@ def plugin(tmp_path, monkeypatch):
 
 
 def test_a_plugin_module_by_config_adds_a_measure_and_its_metadata(plugin, tmp_path):
-    probe = ProbeCallback(isotropy={"plugins": [plugin]}, output_dir=str(tmp_path))
+    probe = ProbeCallback(plugins=[plugin], output_dir=str(tmp_path))
     assert "stable_rank" in probe.measure_sets["isotropy"].metrics_config.metrics
     X = torch.randn(50, 4, dtype=torch.float64) * torch.tensor([4.0, 2.0, 1.0, 1.0])
     eigenvalues = torch.linalg.eigvalsh(torch.cov(X.T, correction=0)).flip(0)
@@ -68,6 +68,6 @@ def test_the_built_in_metadata_is_declared_beside_each_measure():
 
 def test_a_plugin_module_that_cannot_be_imported_is_refused_naming_the_setting(tmp_path):
     with pytest.raises(
-        IsoprobeError, match=r"callbacks.probe.isotropy.plugins: cannot import .*'no_such_measures'"
+        IsoprobeError, match=r"callbacks.probe.plugins: cannot import .*'no_such_measures'"
     ):
-        ProbeCallback(isotropy={"plugins": ["no_such_measures"]}, output_dir=str(tmp_path))
+        ProbeCallback(plugins=["no_such_measures"], output_dir=str(tmp_path))

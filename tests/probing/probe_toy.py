@@ -208,9 +208,14 @@ def isotropy_probe(
     measures = (
         ["isotropy"] + ["cka"] * (similarity is not None) + ["readout"] * (readout is not None)
     )
-    isotropy = {"metrics": metrics, "plugins": plugins, "pca_layers": pca_layers}
+    isotropy = {"metrics": metrics, "pca_layers": pca_layers}
     return ProbeCallback(
-        measures=measures, isotropy=isotropy, cka=similarity, readout=readout, **probe
+        measures=measures,
+        isotropy=isotropy,
+        cka=similarity,
+        readout=readout,
+        plugins=plugins or (),
+        **probe,
     )
 
 

@@ -10,7 +10,7 @@ import torch
 from probe_toy import ToyData, ToyForecaster, isotropy_probe, tokens_by_hand, toy_trainer
 
 from isoprobe.metrics.readout import ridge_readout
-from isoprobe.probing.readout import scaled_horizon
+from isoprobe.probing.measure_kinds import scaled_horizon
 
 
 def test_the_readout_fits_each_layers_window_means_to_the_scaled_horizon(tmp_path):
