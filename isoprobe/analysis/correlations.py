@@ -1,4 +1,5 @@
-"""Does the geometry predict the forecast error? Rank associations across runs and over epochs.
+"""Does the geometry predict the forecast error? Rank associations across runs and over a
+run's probes.
 
 Across runs (``correlations.csv``): one observation per run, the geometry metric measured on
 the same weights that made the forecast: ``before_*`` errors pair with the run's first probe
@@ -19,7 +20,8 @@ and undefined tests (no ρ, τ, interval, p or q, :mod:`.statistics`), among the
 measure of the weights alone over runs that share weights (:mod:`.independence`).
 
 Within runs (``within_run.csv``): for fine-tuning runs with per-epoch validation metrics, each
-metric's trajectory over epochs against the validation error, per run.
+metric's trajectory over its probes against the validation error of the same weights (the
+probes at the steps where a validation ran), per run.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from isoprobe.analysis.statistics import (
     associate,
     stratified_spearman,
 )
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import PROBE_TIME, Study, at_probe, probes_per_run
 from isoprobe.metrics import metrics_where
 from isoprobe.models.layers import is_block
 
@@ -82,8 +84,7 @@ def geometry_at(study: Study, when: str) -> pd.DataFrame:
 def _pivot_geometry(study: Study, when: str) -> pd.DataFrame:
     table = study.table
     table = table[~table["metric"].isin(metrics_where("bookkeeping"))]
-    epochs = table.groupby("run")["epoch"].transform("min" if when == "before" else "max")
-    at = table[table["epoch"] == epochs]
+    at = at_probe(table, when)
     wide = at.pivot_table(
         index="run", columns=["probe", "metric", "layer"], values="value", aggfunc="first"
     )
@@ -268,8 +269,9 @@ def _undefine(part: pd.DataFrame, mask: np.ndarray, reason: str) -> None:
 
 
 def within_runs(study: Study) -> pd.DataFrame:
-    """Per run with at least :data:`MIN_RUNS` probed epochs that have validation metrics:
-    Spearman's ρ over epochs between each metric's trajectory and each validation metric."""
+    """Per run with at least :data:`MIN_RUNS` probes that have validation metrics:
+    Spearman's ρ over its probes (those at a validation's step) between each metric's
+    trajectory and each validation metric."""
     validation = [c for c in study.table.columns if c.startswith("val_")]
     if not validation:
         return pd.DataFrame()
@@ -277,10 +279,10 @@ def within_runs(study: Study) -> pd.DataFrame:
 
     rows = []
     table = study.table[~study.table["metric"].isin(metrics_where("bookkeeping"))]
-    epochs = table.dropna(subset=validation, how="all").groupby("run")["epoch"].nunique()
-    table = table[table["run"].isin(epochs.index[epochs >= MIN_RUNS])]
+    probes = probes_per_run(table.dropna(subset=validation, how="all"))
+    table = table[table["run"].isin(probes.index[probes >= MIN_RUNS])]
     for (run, probe, metric, layer), part in table.groupby(["run", "probe", "metric", "layer"]):
-        part = part.sort_values("epoch")
+        part = part.sort_values(PROBE_TIME)
         for target in validation:
             ok = part[["value", target]].dropna()
             if len(ok) < MIN_RUNS or ok["value"].nunique() < 2 or ok[target].nunique() < 2:

@@ -22,7 +22,7 @@ from isoprobe.analysis.correlations import comparable_columns, geometry_at
 from isoprobe.analysis.family import assign_families, log_pairings_of, sameness_key
 from isoprobe.analysis.independence import SHARED_WEIGHTS, shared_weight_tests
 from isoprobe.analysis.statistics import associate, q_values, stratified_spearman
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import Study, at_probe
 from isoprobe.metrics import metrics_where
 from isoprobe.metrics.readout import READOUT_NMSE as READOUT
 from isoprobe.metrics.similarity import CKA_DRIFT as DRIFT
@@ -34,7 +34,7 @@ def geometry_against_readout(study: Study, n_perm: int = 1000, seed: int = 0) ->
     measure of the weights alone over runs that share weights is undefined
     (:mod:`.independence`)."""
     table = study.table
-    table = table[table["epoch"] == table.groupby("run")["epoch"].transform("max")]
+    table = at_probe(table, "after")
     readout = table[table["metric"] == READOUT].set_index(["run", "layer"])["value"]
     if readout.empty:
         return pd.DataFrame()

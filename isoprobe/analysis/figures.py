@@ -26,7 +26,7 @@ from isoprobe.analysis.correlations import (  # noqa: E402
     geometry_at,
 )
 from isoprobe.analysis.model_similarity import ModelPair  # noqa: E402
-from isoprobe.analysis.study import Study  # noqa: E402
+from isoprobe.analysis.study import PROBE_TIME, Study, probes_per_run  # noqa: E402
 from isoprobe.metrics.rank import TOKEN_WIDTH, token_rank_epsilon  # noqa: E402
 from isoprobe.models.layers import is_block, parse_layer  # noqa: E402
 
@@ -266,9 +266,9 @@ def heatmap(study: Study, table: pd.DataFrame, forecast: str, path: Path) -> Pat
 
 
 def runs_over_epochs(study: Study) -> pd.Index:
-    """The runs probed at more than one epoch (those with a trajectory)."""
-    epochs = study.table.groupby("run")["epoch"].nunique()
-    return epochs.index[epochs > 1]
+    """The runs probed more than once (those with a trajectory)."""
+    probes = probes_per_run(study.table)
+    return probes.index[probes > 1]
 
 
 def colour_factor(study: Study, candidates: list[str]) -> str:
@@ -283,7 +283,7 @@ def colour_factor(study: Study, candidates: list[str]) -> str:
 
 @_plain_text
 def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> Path | None:
-    """The last layer's metrics over epochs, one line per run probed at more than one epoch
+    """The last layer's metrics against the optimizer step, one line per run probed more than once
     (the others have no trajectory), a distinct colour and line style per level of
     ``factor``; the title says which runs these are."""
     table = study.table
@@ -302,18 +302,18 @@ def trajectories(study: Study, metrics: list[str], factor: str, path: Path) -> P
     fig, axes = _panels(len(shown), 5.0, 3.2)
     for ax, metric in zip(axes, shown, strict=True):
         for _, line in part[part["metric"] == metric].groupby("run"):
-            line = line.sort_values("epoch")
+            line = line.sort_values(PROBE_TIME)
             level = str(line[factor].iloc[0])
             colour, style = styles[level]
-            ax.plot(line["epoch"], line["value"], style, color=colour, alpha=0.85, label=level)
+            ax.plot(line[PROBE_TIME], line["value"], style, color=colour, alpha=0.85, label=level)
         ax.set_title(f"{metric} (last layer)", fontsize=9)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel("optimizer step")
         ax.xaxis.get_major_locator().set_params(integer=True)
     models = ", ".join(
         sorted(study.runs.loc[study.runs["run"].isin(multi), "model"].astype(str).unique())
     )
     fig.suptitle(
-        f"The {len(multi)} of {len(study.runs)} runs probed at more than one epoch (model: "
+        f"The {len(multi)} of {len(study.runs)} runs probed more than once (model: "
         f"{models}); the others have no trajectory",
         fontsize=9,
     )
@@ -332,7 +332,7 @@ def _relative_ranks(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     layer's width (``rank_ratio``), with the block's ``stack`` (``encoder`` of ``encoder.3``);
     and the models left out because their runs recorded no width."""
     epsilon = table["metric"].map(token_rank_epsilon)
-    rank = table[(table["probe"] == "rank") & (table["epoch"] == 0)]
+    rank = table[(table["probe"] == "rank") & (table[PROBE_TIME] == 0)]
     blocks = rank[rank["layer"].astype(str).map(is_block).astype(bool)]
     part = blocks[epsilon.loc[blocks.index].notna()]
     widths = blocks[blocks["metric"] == TOKEN_WIDTH].set_index(["run", "layer"])["value"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import PROBE_TIME, Study
 from isoprobe.metrics.rank import is_weight_metric
 
 #: why a measure of the weights alone is not tested across these runs (module docstring)
@@ -29,18 +29,18 @@ SCRATCH = "scratch"
 
 def weight_identity(study: Study, when: str) -> pd.Series:
     """Run -> a label of the weights its ``when`` probe (``before``: first, ``after``: last)
-    measured: the run itself where that probe followed training (epoch > 0); else the weights
+    measured: the run itself where that probe followed training (step > 0); else the weights
     it loaded, model and checkpoint, with the seed and window lengths for a random
     initialisation (``checkpoint=scratch``), whose weights they decide."""
-    epochs = study.table.groupby("run")["epoch"].agg("min" if when == "before" else "max")
-    runs = study.runs.set_index("run").reindex(epochs.index)
+    steps = study.table.groupby("run")[PROBE_TIME].agg("min" if when == "before" else "max")
+    runs = study.runs.set_index("run").reindex(steps.index)
     factors = runs.reindex(columns=["model", "checkpoint", "seed", "context_length", "horizon"])
     factors = factors.astype(str)
     loaded = factors["model"] + "|" + factors["checkpoint"]
     scratch = factors["checkpoint"] == SCRATCH
     shape = factors[["seed", "context_length", "horizon"]].agg("|".join, axis=1)
     loaded = loaded.where(~scratch, loaded + "|" + shape)
-    return loaded.where(epochs == 0, "trained|" + runs.index.to_series())
+    return loaded.where(steps == 0, "trained|" + runs.index.to_series())
 
 
 def weight_columns(metrics: pd.Index | list[str]) -> np.ndarray:

@@ -194,26 +194,26 @@ def read_probe_file(path: Path, promised: int | None = None) -> pa.Table:
 
 
 def check_complete(path: Path, table: pa.Table) -> None:
-    """Refuse probe records whose last epoch lacks a (layer, metric) of the first epoch.
+    """Refuse probe records whose last probe lacks a (layer, metric) of the first probe.
 
-    A probe measures the same layers and metrics every epoch and its file is written in epoch
-    order, so a file cut at a row boundary loses rows of its last epoch: per probe, every
-    (layer, metric) measured at the first epoch must be in the last epoch too. A layer with an
-    ``error`` row at the last epoch (not measured then, the note says why) counts as present.
-    A one-epoch file cut at a layer boundary passes this rule; summary.json's count of the
-    rows written (:func:`read_probe_file`'s ``promised``) catches it.
+    A probe measures the same layers and metrics at every probe time and its file is written
+    in step order, so a file cut at a row boundary loses rows of its last probe: per probe,
+    every (layer, metric) measured at the first step must be in the last step too. A layer with
+    an ``error`` row at the last probe (not measured then, the note says why) counts as
+    present. A one-probe file cut at a layer boundary passes this rule; summary.json's count of
+    the rows written (:func:`read_probe_file`'s ``promised``) catches it.
     """
     for probe in pc.unique(table["probe"]).to_pylist():
         part = table.filter(pc.equal(table["probe"], probe))
-        epochs = pc.min_max(part["epoch"])
-        first, last = epochs["min"].as_py(), epochs["max"].as_py()
+        steps = pc.min_max(part["global_step"])
+        first, last = steps["min"].as_py(), steps["max"].as_py()
         if first == last:
             continue
         key = pc.binary_join_element_wise(part["layer"], part["metric"], "/")
-        at_last = pc.equal(part["epoch"], last)
+        at_last = pc.equal(part["global_step"], last)
         is_error = pc.equal(part["metric"], ERROR_METRIC)
         failed = part["layer"].filter(pc.and_(at_last, is_error))
-        wanted = pc.and_(pc.equal(part["epoch"], first), pc.invert(is_error))
+        wanted = pc.and_(pc.equal(part["global_step"], first), pc.invert(is_error))
         wanted = pc.and_(wanted, pc.invert(pc.is_in(part["layer"], value_set=failed)))
         expected = key.filter(wanted)
         missing = expected.filter(pc.invert(pc.is_in(expected, value_set=key.filter(at_last))))
@@ -221,7 +221,7 @@ def check_complete(path: Path, table: pa.Table) -> None:
             listed = ", ".join(missing[:3].to_pylist())
             raise UnreadableRun(
                 f"incomplete probe records: {path}'s {probe} probe lacks {len(missing)} of the "
-                f"first epoch's layer/metric rows at its last epoch {last} (e.g. {listed})"
+                f"first probe's layer/metric rows at its last probe, step {last} (e.g. {listed})"
             )
 
 

@@ -31,7 +31,7 @@ import pandas as pd
 
 from isoprobe.analysis.correlations import PAIRED_PROBE, geometry_at
 from isoprobe.analysis.independence import constant_within_model
-from isoprobe.analysis.study import Study
+from isoprobe.analysis.study import Study, at_probe
 from isoprobe.metrics import metrics_where
 
 #: fewer candidates than this make no selection task
@@ -181,14 +181,13 @@ def _ordered(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _validation_at(study: Study, forecast: str, members: pd.Index) -> pd.DataFrame | None:
-    """``val_loss`` of each run at the epoch its geometry was measured, where logged."""
-    if study.validation.empty or "val_loss" not in study.validation:
+    """``val_loss`` of each run on the weights its geometry was measured on (the validation at
+    the step of its first or last probe), where logged: none before training."""
+    if "val_loss" not in study.table:
         return None
     when = PAIRED_PROBE[forecast.split("_", 1)[0]]
-    val = study.validation.dropna(subset=["val_loss"])
-    pick = val.groupby("run")["epoch"].transform("min" if when == "before" else "max")
-    at = val[val["epoch"] == pick].set_index("run")["val_loss"]
-    at = at.reindex(members)
+    rows = at_probe(study.table, when).dropna(subset=["val_loss"])
+    at = rows.groupby("run")["val_loss"].first().reindex(members)
     if at.isna().all():
         return None
     return pd.DataFrame({("baseline", "val_loss", ""): at})

@@ -3,11 +3,13 @@
 A run directory is what ``python run.py`` writes (``.hydra/config.yaml``, ``summary.json``,
 ``probe_metrics.csv``, ``rank_metrics.csv``, ``csv/metrics.csv``). :func:`find_runs` finds them
 under the paths given (multirun directories, run directories, globs); :func:`load_study` reads
-each into rows of ``run × probe × epoch × layer × metric`` with the run's factors (model, data
-set, lengths, noise, task, seed and every override that varies across the runs) and its
-forecast metrics (``before_test_nmse``, ``after_test_wql``, ...: ``summary.json``'s ``before``
-and ``after`` with ``/`` written ``_``; ``final_*`` is the forecast the run ended with, ``after``
-where it trained, else ``before``, present when a grid pools zero-shot and trained models).
+each into rows of ``run × probe × (epoch, global_step) × layer × metric`` (a run's probes are
+ordered by ``global_step``: a schedule in steps probes several times per epoch) with the run's
+factors (model, data set, lengths, noise, task, seed and every override that varies across the
+runs) and its forecast metrics (``before_test_nmse``, ``after_test_wql``, ...:
+``summary.json``'s ``before`` and ``after`` with ``/`` written ``_``; ``final_*`` is the forecast
+the run ended with, ``after`` where it trained, else ``before``, present when a grid pools
+zero-shot and trained models).
 
 A run whose files cannot be read in full (:mod:`isoprobe.analysis.run_files` says which and
 why) is left out with its reason, as is each job of a stopped sweep that never started
@@ -65,6 +67,10 @@ FACTORS = {
 PROBE_SETTING_PREFIXES = ("callbacks.",)
 #: probe settings that change what is drawn or saved, not what is measured
 COSMETIC_SETTINGS = ("figures_every_n_epochs", "log_prefix", "_target_", "save_window_means")
+
+
+#: the column that orders a run's probes: the optimizer step (several probes may share an epoch)
+PROBE_TIME = "global_step"
 
 
 class AnalysisError(IsoprobeError, ValueError):
@@ -206,17 +212,22 @@ def _domain(dataset: Any) -> str | None:
 
 
 def _validation(run: Path, name: str) -> pd.DataFrame | None:
-    """Per-epoch validation metrics a CSV logger wrote (``val/nmse`` -> ``val_nmse``)."""
+    """The validation metrics a CSV logger wrote (``val/nmse`` -> ``val_nmse``), one row per
+    validation with its ``epoch`` and the ``global_step`` of the weights it measured. Lightning
+    logs a validation at the index of the last training step it followed, ``global_step - 1``
+    (the validation after a first epoch of 32 steps is logged at step 31, the probe after that
+    epoch at step 32), so the row is keyed by that step + 1, the probe's step."""
     path = run / "csv" / "metrics.csv"
     if not path.is_file():
         return None
     frame = read_csv(path)
     columns = [c for c in frame.columns if c.startswith("val/")]
-    if "epoch" not in frame.columns or not columns:
+    if "step" not in frame.columns or not columns:
         return None
-    frame = frame[["epoch", *columns]].dropna(subset=columns, how="all")
-    frame = frame.groupby("epoch", as_index=False).last()
-    frame.columns = ["epoch", *(c.replace("/", "_") for c in columns)]
+    frame = frame[["step", "epoch", *columns]].dropna(subset=columns, how="all")
+    frame = frame.groupby("step", as_index=False).last()
+    frame["step"] = frame["step"].astype("int64") + 1
+    frame.columns = [PROBE_TIME, "epoch", *(c.replace("/", "_") for c in columns)]
     frame.insert(0, "run", name)
     return frame
 
@@ -284,7 +295,8 @@ def load_study(paths: Sequence[str], allow_mixed: bool = False) -> Study:
     validation = [f.validation for f in read if f.records and f.validation is not None]
     val = pd.concat(validation, ignore_index=True) if validation else None
     if val is not None:
-        table = table.merge(val, on=["run", "epoch"], how="left")
+        # a probe gets the validation of the very weights it measured: at the same step
+        table = table.merge(val.drop(columns="epoch"), on=["run", PROBE_TIME], how="left")
     compression = [f.compression.assign(run=f.name) for f in read if f.compression is not None]
     return Study(
         table=table,
@@ -372,6 +384,20 @@ def _read_records(tables: list[tuple[str, pa.Table]]) -> pd.DataFrame:
     names = np.repeat([name for name, _ in tables], [t.num_rows for _, t in tables])
     frame.insert(0, "run", names)
     return frame
+
+
+def at_probe(table: pd.DataFrame, when: str) -> pd.DataFrame:
+    """The rows of ``table`` at each run's first (``before``) or last (``after``) probe, by
+    the step it was taken at."""
+    if when not in ("before", "after"):
+        raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+    steps = table.groupby("run")[PROBE_TIME].transform("min" if when == "before" else "max")
+    return table[table[PROBE_TIME] == steps]
+
+
+def probes_per_run(table: pd.DataFrame) -> pd.Series:
+    """Run -> how many times it was probed (distinct steps)."""
+    return table.groupby("run")[PROBE_TIME].nunique()
 
 
 def varying_factors(runs: pd.DataFrame, exclude: Sequence[str] = ()) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from isoprobe.analysis.correlations import geometry_at
-from isoprobe.analysis.study import Study, varying_factors
+from isoprobe.analysis.study import Study, probes_per_run, varying_factors
 
 #: run-table columns that describe a run but are not a setting to compare
 NOT_SETTINGS = ("seed", "domain")
@@ -30,14 +30,14 @@ def swept_settings(study: Study) -> list[str]:
 
 def geometry_change(study: Study) -> pd.DataFrame:
     """Per swept setting (:func:`swept_settings`, else the model) × probe × metric: over the
-    runs probed at more than one epoch, the mean change of the last block's value from the
-    first probed epoch to the last, and the mean absolute change (which setting's geometry
+    runs probed more than once, the mean change of the last block's value from the
+    first probe to the last, and the mean absolute change (which setting's geometry
     moves most). Empty when no run was probed twice."""
     table = study.table
     if table.empty:
         return pd.DataFrame()
-    epochs = table.groupby("run")["epoch"].agg(["min", "max"])
-    trained = epochs.index[epochs["max"] > epochs["min"]]
+    probes = probes_per_run(table)
+    trained = probes.index[probes > 1]
     if not len(trained):
         return pd.DataFrame()
     first, last = geometry_at(study, "before"), geometry_at(study, "after")

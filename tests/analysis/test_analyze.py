@@ -198,6 +198,7 @@ def test_within_run_association_over_epochs():
                     "run": run,
                     "probe": "isotropy",
                     "epoch": e,
+                    "global_step": 10 * e,
                     "layer": "encoder.0",
                     "metric": "cos_inter",
                     "value": float(e),
@@ -240,10 +241,12 @@ def test_final_forecast_pairs_zero_shot_runs_first_epoch_and_trained_runs_last()
     trained = {"d": ([0.9, 0.2], 0.5), "e": ([0.8, 0.6], 4.0)}  # run: (cos per epoch, after)
     rows, runs = [], []
     for run, (value, nmse) in zero_shot.items():
-        rows.append({"run": run, "epoch": 0, "value": value})
+        rows.append({"run": run, "epoch": 0, "global_step": 0, "value": value})
         runs.append({"run": run, "model": "m1", "dataset": run, "before_test_nmse": nmse})
     for run, (values, nmse) in trained.items():
-        rows += [{"run": run, "epoch": e, "value": v} for e, v in enumerate(values)]
+        rows += [
+            {"run": run, "epoch": e, "global_step": e, "value": v} for e, v in enumerate(values)
+        ]
         runs.append({"run": run, "model": "m2", "dataset": run, "after_test_nmse": nmse})
     table = pd.DataFrame(rows).assign(probe="isotropy", metric="cos_inter", layer="encoder.0")
     run_table = pd.DataFrame(runs)

@@ -208,7 +208,7 @@ def test_trajectories_colour_by_what_tells_the_trained_runs_apart(drawn):
     assert len(styles) == 12
     assert {colour for colour, _ in styles} <= {to_hex(c) for c in plt.cm.tab10.colors}
     title = fig.get_suptitle()
-    assert f"The 12 of {12 * models} runs probed at more than one epoch" in title
+    assert f"The 12 of {12 * models} runs probed more than once" in title
     assert f"model_{models - 1}" in title
 
 

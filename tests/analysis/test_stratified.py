@@ -57,6 +57,7 @@ def _study(rng: np.random.Generator) -> Study:
                         "run": run,
                         "probe": "isotropy",
                         "epoch": 0,
+                        "global_step": 0,
                         "layer": "encoder.0",
                         "metric": metric,
                         "value": value,
