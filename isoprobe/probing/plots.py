@@ -55,7 +55,8 @@ def save_point_cloud(path: Path, coords: np.ndarray, colours: np.ndarray, title:
 
 
 def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
-    """One panel per metric, one line per layer (coloured by depth) against the probe epoch.
+    """One panel per metric, one line per layer (coloured by depth) against the optimizer step
+    of each probe (a schedule in steps probes several times per epoch).
 
     Returns False (and writes nothing) when there is no finite value to draw.
     """
@@ -64,9 +65,8 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
     for r in records:
         if r["metric"] == "error" or math.isnan(float(r["value"])):
             continue
-        series.setdefault(r["metric"], {}).setdefault(r["layer"], {})[int(r["epoch"])] = float(
-            r["value"]
-        )
+        step = int(r["global_step"])
+        series.setdefault(r["metric"], {}).setdefault(r["layer"], {})[step] = float(r["value"])
         if r["layer"] not in layers:
             layers.append(r["layer"])
     if not series:
@@ -78,13 +78,13 @@ def save_trajectories(path: Path, records: Iterable[Mapping[str, Any]]) -> bool:
     for ax, (metric, by_layer) in zip(axes.flat, series.items(), strict=False):
         for layer, colour in zip(layers, colours, strict=True):
             if layer in by_layer:
-                epochs = sorted(by_layer[layer])
-                values = [by_layer[layer][e] for e in epochs]
-                ax.plot(epochs, values, marker="o", ms=2, lw=1, color=colour, label=layer)
+                steps = sorted(by_layer[layer])
+                values = [by_layer[layer][s] for s in steps]
+                ax.plot(steps, values, marker="o", ms=2, lw=1, color=colour, label=layer)
         if metric_info(metric).log_scale:
             ax.set_yscale("log")
         ax.set_title(metric, fontsize=9)
-        ax.set_xlabel("epoch", fontsize=8)
+        ax.set_xlabel("optimizer step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=7)
     spare = list(axes.flat)[len(series) :]

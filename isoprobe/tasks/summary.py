@@ -1,4 +1,4 @@
-"""The short table a run ends with: probe metrics per layer (first vs last epoch) and forecast
+"""The short table a run ends with: probe metrics per layer (first vs last probe) and forecast
 metrics before vs after training."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ FORECAST_METRICS = ("nmse", "mase", "wql")
 def probe_summary(
     records: Iterable[Mapping], metrics: tuple[str, ...] | None = None
 ) -> dict[str, dict[str, tuple[float, float]]]:
-    """layer -> metric -> (value at the first probed epoch, value at the last), for ``metrics``
-    (default: those registered with ``MetricInfo(summary=True)``)."""
+    """layer -> metric -> (value at the first probe, value at the last), by step, for
+    ``metrics`` (default: those registered with ``MetricInfo(summary=True)``)."""
     metrics = metrics_where("summary") if metrics is None else metrics
     by_key: dict[tuple[str, str], dict[int, float]] = {}
     for r in records:
         if r["metric"] in metrics:
-            by_key.setdefault((r["layer"], r["metric"]), {})[int(r["epoch"])] = float(r["value"])
+            step = int(r["global_step"])
+            by_key.setdefault((r["layer"], r["metric"]), {})[step] = float(r["value"])
     table: dict[str, dict[str, tuple[float, float]]] = {}
     for (layer, metric), values in by_key.items():
         first, last = min(values), max(values)
@@ -28,9 +29,19 @@ def probe_summary(
     return table
 
 
-def probe_epochs(records: Iterable[Mapping]) -> tuple[int, int] | None:
-    epochs = {int(r["epoch"]) for r in records}
-    return (min(epochs), max(epochs)) if epochs else None
+def probe_span(records: Iterable[Mapping]) -> str | None:
+    """When the first and the last probe were: ``epoch 0 -> epoch 3``, or by step where a
+    schedule in steps probed more than once in an epoch (``step 0 -> step 8``); one time where
+    the run was probed once; None without records."""
+    times = {(int(r["global_step"]), int(r["epoch"])) for r in records}
+    if not times:
+        return None
+    (first_step, first_epoch), (last_step, last_epoch) = min(times), max(times)
+    by_step = len({epoch for _, epoch in times}) < len(times)
+    unit, first, last = (
+        ("step", first_step, last_step) if by_step else ("epoch", first_epoch, last_epoch)
+    )
+    return f"{unit} {first}" if len(times) == 1 else f"{unit} {first} -> {unit} {last}"
 
 
 def _fmt(value: float) -> str:
@@ -44,16 +55,15 @@ def format_summary(
     metrics: tuple[str, ...] | None = None,
 ) -> str:
     """A plain-text table (monospace) of :func:`probe_summary` ("first -> last", or one value
-    when a single epoch was probed; ``metrics`` default: those registered with
+    when the run was probed once; ``metrics`` default: those registered with
     ``MetricInfo(summary=True)``) and of the forecast metrics that were measured."""
     metrics = metrics_where("summary") if metrics is None else metrics
     lines: list[str] = []
-    epochs = probe_epochs(records)
-    if epochs is not None:
+    span = probe_span(records)
+    if span is not None:
         table = probe_summary(records, metrics)
         shown = [m for m in metrics if any(m in row for row in table.values())]
-        single = epochs[0] == epochs[1]
-        span = f"epoch {epochs[0]}" if single else f"epoch {epochs[0]} -> epoch {epochs[1]}"
+        single = "->" not in span
         lines.append(f"probe metrics per layer, {span}:")
         lines.append(f"{'layer':<12}" + "".join(f"{m:>26}" for m in shown))
         for layer in sorted(table, key=_layer_order):

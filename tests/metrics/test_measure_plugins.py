@@ -45,7 +45,9 @@ def test_a_plugin_module_by_config_adds_a_measure_and_its_metadata(plugin, tmp_p
     assert probe_metrics(X)["stable_rank"] == pytest.approx(expected, rel=1e-10)
     assert metric_info("stable_rank").log_scale and metric_info("stable_rank").direction == 1
     assert "stable_rank" in metrics_where("summary")
-    records = [{"epoch": 0, "layer": "embed", "metric": "stable_rank", "value": 2.5}]
+    records = [
+        {"epoch": 0, "global_step": 0, "layer": "embed", "metric": "stable_rank", "value": 2.5}
+    ]
     assert format_summary(records, None, None).splitlines()[1].split() == ["layer", "stable_rank"]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from isoprobe.tasks.summary import format_summary
 
 
-def record(epoch: int, layer: str, metric: str, value: float) -> dict:
-    return {"epoch": epoch, "layer": layer, "metric": metric, "value": value}
+def record(epoch: int, layer: str, metric: str, value: float, step: int | None = None) -> dict:
+    step = 10 * epoch if step is None else step
+    return {"epoch": epoch, "global_step": step, "layer": layer, "metric": metric, "value": value}
 
 
 def test_first_and_last_epoch_per_layer_in_depth_order_and_both_forecasts():
@@ -33,3 +34,12 @@ def test_a_single_probe_shows_one_value_and_only_the_forecast_measured():
     assert lines[2].split() == ["embed", "38"]
     assert lines[4].split() == ["forecast", "(test)", "before"]
     assert lines[-1].split() == ["wql", "0.17"]
+
+
+def test_a_schedule_in_steps_shows_its_first_and_last_probe_by_step():
+    """Steps 0 and 4 share epoch 0: the first value is step 0's, not the later one's."""
+    probes = [(0, 0, 0.75), (0, 4, 0.5), (1, 8, 0.25)]
+    records = [record(e, "embed", "isoscore", v, step=s) for e, s, v in probes]
+    lines = format_summary(records, None, None).splitlines()
+    assert lines[0] == "probe metrics per layer, step 0 -> step 8:"
+    assert lines[2].split() == ["embed", "0.75", "->", "0.25"]
