@@ -67,7 +67,12 @@ What the contract requires of these methods (each point a test of the contract):
   its own step alone: it is real exactly when its own step is observed, whatever its lags hold
   (observed, missing or left padding), and not real when its own step is missing even though
   its lags carry observed values; those values are real at their own steps' tokens, so none
-  is counted twice and none is left out.
+  is counted twice and none is left out. At the first block of every stack, each position
+  marked real changes when the window's observed values move to neighbouring steps: a
+  placeholder (VisionTS's hidden patches in its decoder, a decoder start token) reads the
+  window only inside the block, so at its input it is the constant it is. A one-position
+  decoder (Chronos-Bolt's learned query, real where the window holds an observed value: the
+  window's summary the head reads) is read at that block's output, after its cross-attention.
 - **Training tokens.** :meth:`training_token_masks` selects, from each layer's output in
   :meth:`loss` (a module that runs several times there, as TimesFM's decoding steps, at its
   first run), exactly the tokens :meth:`token_masks` selects from :meth:`probe_forward`'s, in

@@ -397,3 +397,79 @@ def check_forecast_reads_every_step(model: ForecastModule, context: int, horizon
         f"the forecast ignores context steps: swapping steps (p, p+1) for p in {unchanged} "
         "(of a fully observed window) leaves the first block's input unchanged"
     )
+
+
+# 6. real tokens at the first block of every stack ---------------------------------------------
+
+
+def block_module(model: ForecastModule, block: str) -> nn.Module:
+    """The module that runs ``block`` (a name of :meth:`attention_weights`): the largest module
+    holding that block's query weight and no other block's (a probed layer may be a tap after
+    the block, whose input is the block's output)."""
+
+    def parameter(w: Tensor) -> Tensor:
+        return w if w._base is None else w._base
+
+    queries = {name: parameter(parts["q"]) for name, parts in model.attention_weights().items()}
+    own, others = queries[block], [q for name, q in queries.items() if name != block]
+    holders = [
+        m
+        for m in model.modules()
+        if any(p is own for p in m.parameters())
+        and all(p is not q for p in m.parameters() for q in others)
+    ]
+    return max(holders, key=lambda m: sum(1 for _ in m.modules()))
+
+
+def _stack_first_blocks(
+    model: ForecastModule, batch: dict[str, Tensor]
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Stack -> (input, output) of its first block in :meth:`probe_forward` (its first run)."""
+    kept: dict[str, tuple[Tensor, Tensor]] = {}
+    handles = []
+    for stack, names in stacks(model).items():
+
+        def keep(_m, args, kwargs, output, stack=stack):
+            wrote = output if torch.is_tensor(output) else output[0]  # a tuple or ModelOutput
+            kept.setdefault(stack, (input_of(args, kwargs).clone(), wrote.clone()))
+
+        module = block_module(model, names[0])
+        handles.append(module.register_forward_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            torch.manual_seed(0)
+            model.probe_forward(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept
+
+
+def check_real_tokens_at_every_stack(
+    model: ForecastModule, batch: dict[str, Tensor], moved: dict[str, Tensor]
+) -> None:
+    """At the first block of every stack, every position :meth:`token_masks` marks real
+    changes when the window's observed values move to their neighbours' steps (``moved``: the
+    same values, so the same scale): a position whose own value changes, and that does not
+    change, carries no observed value. Read at the block's input, what the position brings to
+    the stack itself (a decoder's teacher-forced target, a patch, a lagged step), so that a
+    placeholder, which learns what it holds from the real tokens inside the block, shows as
+    the constant it is. A one-position stack (Chronos-Bolt's decoder: a learned query whose
+    output is the window's summary) has nothing of its own to read; it is read at the block's
+    output, after its cross-attention has read the window."""
+    names = stacks(model)
+    masks = model.token_masks(batch, [blocks[0] for blocks in names.values()])
+    before, after = _stack_first_blocks(model, batch), _stack_first_blocks(model, moved)
+    for stack, blocks in names.items():
+        real = masks[blocks[0]]
+        side = 1 if real.shape[-1] == 1 else 0
+        first, second = before[stack][side], after[stack][side]
+        assert tuple(first.shape[:-1]) == tuple(real.shape), (
+            f"{stack}: the mask {tuple(real.shape)} is not of the first block's positions "
+            f"{tuple(first.shape[:-1])}"
+        )
+        idle = real & ~(first != second).any(dim=-1)
+        assert not idle.any(), (
+            f"{stack}: positions {idle.nonzero().tolist()} (window, position) are marked real "
+            "but do not change when the observed values move: they carry no observed value"
+        )

@@ -5,7 +5,8 @@ and gradients on windows with gaps, forecasts of the right shape and scale drawn
 ``num_samples`` samples, memory estimates within a factor of the measured peak,
 export/reload, and the input, head and feed-forward modules that model.adapt trains. The
 properties of tests/models/contract_properties.py (blocks in order, each projection in its
-role, the head, the input layers, a forecast that reads every step) are checked on every model,
+role, the head, the input layers, a forecast that reads every step, real tokens at every stack)
+are checked on every model,
 and each mistake they exist for is planted into every model to see it caught."""
 
 from __future__ import annotations
@@ -469,6 +470,19 @@ def test_the_forecast_reads_every_observed_context_step(tmp_path, name):
     props.check_forecast_reads_every_step(build(tmp_path, name), CONTEXT, HORIZON)
 
 
+def moved_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every window's observed context and target values moved to their
+    neighbours' steps (:func:`swapped_neighbours`)."""
+    moved = {key: swapped_neighbours(batch[key]) for key in ("context", "target")}
+    return {**batch, **moved}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_stack_marks_real_only_tokens_that_carry_observed_values(tmp_path, name):
+    batch = gapped_batch()
+    props.check_real_tokens_at_every_stack(build(tmp_path, name), batch, moved_batch(batch))
+
+
 def _reversed_blocks(model: ForecastModule) -> None:
     listed = model.probe_layers
     stacks = props.stacks(model)
@@ -511,14 +525,31 @@ def _forecast_without_the_last_steps(model: ForecastModule, dropped: int = 5) ->
     model.forecast = without_last
 
 
-#: each mistake planted into a wrapper (issue 30, part 7) and the check that must catch it, with
-#: the windows it is checked on
+def _last_stack_marked_all_real(model: ForecastModule) -> None:
+    masks = model.token_masks
+    last = model.stacks[-1]
+
+    def token_masks(batch, layers):
+        layers = list(layers)
+        identities = model.identify_layers(layers, type(model).__name__)
+        found = masks(batch, layers)
+        return {
+            name: torch.ones_like(mask) if identities[name].stack == last else mask
+            for name, mask in found.items()
+        }
+
+    model.token_masks = token_masks
+
+
+#: each mistake planted into a wrapper (issue 30, part 7; issue 40) and the check that must
+#: catch it, with the windows it is checked on
 MISTAKES = {
     "blocks listed in reverse": (_reversed_blocks, "block_order"),
     "key under the query's name": (_key_named_query, "projection_roles"),
     "input embedding as the head": (_input_embedding_as_head, "head"),
     "an input module left out": (_input_modules_without_the_first, "input_modules"),
     "forecast drops the last 5 steps": (_forecast_without_the_last_steps, "forecast"),
+    "a stack's placeholders marked real": (_last_stack_marked_all_real, "real_tokens"),
 }
 
 
@@ -529,8 +560,32 @@ def _check(check: str, model: ForecastModule) -> None:
         props.check_forecast_reads_every_step(model, CONTEXT, HORIZON)
     elif check == "head":
         props.check_head(model.train(), make_batch())
+    elif check == "real_tokens":
+        batch = gapped_batch()
+        props.check_real_tokens_at_every_stack(model, batch, moved_batch(batch))
     else:
         getattr(props, f"check_{check}")(model, make_batch())
+
+
+def _first_block_masks(model: ForecastModule) -> list[torch.Tensor]:
+    """The masks of every stack's first block on :func:`gapped_batch`."""
+    firsts = [names[0] for names in props.stacks(model).values()]
+    return list(model.token_masks(gapped_batch(), firsts).values())
+
+
+def _no_mistake_to_plant(model: ForecastModule, name: str, check: str) -> str | None:
+    """Why ``check``'s mistake would change nothing in ``model``, or None."""
+    if check == "head":
+        heads = {id(p) for m in model.head_modules() for p in m.parameters()}
+        inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
+        if heads == inputs:
+            return f"{name}'s head is its input embedding (tied)"
+    if check == "real_tokens":
+        planted = copy.copy(model)
+        _last_stack_marked_all_real(planted)
+        if all(map(torch.equal, _first_block_masks(model), _first_block_masks(planted))):
+            return f"{name}'s last stack marks all its positions real already"
+    return None
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -538,11 +593,9 @@ def _check(check: str, model: ForecastModule) -> None:
 def test_a_planted_mistake_is_caught(tmp_path, name, mistake):
     plant, check = MISTAKES[mistake]
     model = build(tmp_path, name, context=LONG if check == "projection_roles" else CONTEXT)
-    if check == "head":
-        heads = {id(p) for m in model.head_modules() for p in m.parameters()}
-        inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
-        if heads == inputs:
-            pytest.skip(f"{name}'s head is its input embedding (tied): no mistake to plant")
+    reason = _no_mistake_to_plant(model, name, check)
+    if reason is not None:
+        pytest.skip(f"{reason}: no mistake to plant")
     plant(model)
     with pytest.raises(AssertionError):
         _check(check, model)
