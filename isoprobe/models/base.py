@@ -43,7 +43,9 @@ What the contract requires of these methods (each point a test of the contract):
   forecast (median and quantiles) by c.
 - **Gaps.** NaN may stand anywhere in ``context`` and ``target``: :meth:`loss` stays finite and
   so do its gradients (missing target values are left out of the objective, not trained as
-  zeros), and :meth:`forecast` stays finite.
+  zeros), and :meth:`forecast` stays finite. The loss reads every observed target step (moving
+  one alone changes it) and no missing one (filling one alone with 0 or the context's mean
+  changes it, as a term it left out now counts).
 - **``embed``** is exactly the tensor the first block reads, every position of it
   (``test_embed_is_what_the_first_block_reads`` compares the two with ``torch.equal``): the value
   embeddings plus whatever the model adds or puts in before its first block: absolute position

@@ -473,3 +473,55 @@ def check_real_tokens_at_every_stack(
             f"{stack}: positions {idle.nonzero().tolist()} (window, position) are marked real "
             "but do not change when the observed values move: they carry no observed value"
         )
+
+
+# 7. the loss reads the target -----------------------------------------------------------------
+
+#: what an observed target step is moved by: enough to move it to other tokens where the loss
+#: reads the target as tokens (several of Chronos-T5's bins, another digit of the LLM's)
+TARGET_STEP = 3.0
+
+
+def _seeded_loss(model: ForecastModule, batch: dict[str, Tensor], target: Tensor) -> Tensor:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return model.loss({**batch, "target": target})
+
+
+def _fills(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """What a loss that trains missing target steps as values would put there, per window
+    [B, 1]: 0 in the batch's units, or the context's observed mean (0 once centred)."""
+    context = batch["context"]
+    mean = context.nansum(dim=1, keepdim=True) / context.isfinite().sum(dim=1, keepdim=True)
+    return {"zero": torch.zeros_like(mean), "the context's mean": mean}
+
+
+def check_loss_reads_the_target(model: ForecastModule, batch: dict[str, Tensor]) -> None:
+    """The loss reads every observed target step and leaves out every missing one: each
+    observed step moved alone (by :data:`TARGET_STEP`) changes the loss, and each missing step
+    filled alone with a value (0, or the context's mean: what a loss that trains gaps as zeros
+    reads there, in the batch's units or once centred) changes it too, as a term the loss had
+    left out now counts. Step by step, not by the gradient: a loss that reads the target as
+    tokens (bins, digits) passes no gradient to it, and a gap's NaN has no value to move."""
+    target = batch["target"]
+    observed = target.isfinite()
+    assert observed.any() and not observed.all(), "the windows need observed and missing steps"
+    reference = _seeded_loss(model, batch, target)
+    unread = []
+    for row, step in observed.nonzero().tolist():
+        moved = target.clone()
+        moved[row, step] += TARGET_STEP
+        if torch.equal(_seeded_loss(model, batch, moved), reference):
+            unread.append([row, step])
+    assert not unread, f"the loss does not read the observed target steps {unread} (window, step)"
+    for fill, values in _fills(batch).items():
+        trained = []
+        for row, step in (~observed).nonzero().tolist():
+            filled = target.clone()
+            filled[row, step] = values[row, 0]
+            if torch.equal(_seeded_loss(model, batch, filled), reference):
+                trained.append([row, step])
+        assert not trained, (
+            f"the loss reads the missing target steps {trained} (window, step) as {fill}: "
+            "filled with it, they change nothing"
+        )

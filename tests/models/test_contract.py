@@ -5,8 +5,8 @@ and gradients on windows with gaps, forecasts of the right shape and scale drawn
 ``num_samples`` samples, memory estimates within a factor of the measured peak,
 export/reload, and the input, head and feed-forward modules that model.adapt trains. The
 properties of tests/models/contract_properties.py (blocks in order, each projection in its
-role, the head, the input layers, a forecast that reads every step, real tokens at every stack)
-are checked on every model,
+role, the head, the input layers, a forecast that reads every step, real tokens at every stack,
+a loss that reads the target) are checked on every model,
 and each mistake they exist for is planted into every model to see it caught."""
 
 from __future__ import annotations
@@ -483,6 +483,11 @@ def test_every_stack_marks_real_only_tokens_that_carry_observed_values(tmp_path,
     props.check_real_tokens_at_every_stack(build(tmp_path, name), batch, moved_batch(batch))
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_the_loss_reads_every_observed_target_step_and_no_missing_one(tmp_path, name):
+    props.check_loss_reads_the_target(build(tmp_path, name), gapped_batch())
+
+
 def _reversed_blocks(model: ForecastModule) -> None:
     listed = model.probe_layers
     stacks = props.stacks(model)
@@ -541,6 +546,17 @@ def _last_stack_marked_all_real(model: ForecastModule) -> None:
     model.token_masks = token_masks
 
 
+def _loss_target_shifted_by_one_step(model: ForecastModule) -> None:
+    loss = model.loss
+
+    def shifted(batch):
+        target = batch["target"]
+        later = torch.cat([target[:, 1:], torch.full_like(target[:, :1], NAN)], dim=1)
+        return loss({**batch, "target": later})
+
+    model.loss = shifted
+
+
 #: each mistake planted into a wrapper (issue 30, part 7; issue 40) and the check that must
 #: catch it, with the windows it is checked on
 MISTAKES = {
@@ -550,6 +566,7 @@ MISTAKES = {
     "an input module left out": (_input_modules_without_the_first, "input_modules"),
     "forecast drops the last 5 steps": (_forecast_without_the_last_steps, "forecast"),
     "a stack's placeholders marked real": (_last_stack_marked_all_real, "real_tokens"),
+    "loss target shifted by one step": (_loss_target_shifted_by_one_step, "loss_target"),
 }
 
 
@@ -563,6 +580,8 @@ def _check(check: str, model: ForecastModule) -> None:
     elif check == "real_tokens":
         batch = gapped_batch()
         props.check_real_tokens_at_every_stack(model, batch, moved_batch(batch))
+    elif check == "loss_target":
+        props.check_loss_reads_the_target(model, gapped_batch())
     else:
         getattr(props, f"check_{check}")(model, make_batch())
 
