@@ -94,7 +94,9 @@ What the contract requires of these methods (each point a test of the contract):
   :meth:`attention_weights` acts in its role: a query perturbed at one token changes only that
   token's attention output, a key or a value also others, and ``o``'s module writes the
   attention sub-layer's output. :meth:`head_modules` map the last block's output to the
-  forecast (the loss reaches them with that output cut from the graph); ``embed`` depends on
+  forecast (the loss reaches them with that output cut from the graph), all of them: every
+  parameter the loss reaches past that cut is in them, except the blocks' (a router's balance
+  loss), the input modules' (a tied head) and the norms' (the final norm); ``embed`` depends on
   the parameters of :meth:`input_modules` and no others. :meth:`forecast` reads every observed
   context step: swapping two neighbouring observed values changes the first block's input.
 - **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by

@@ -525,3 +525,59 @@ def check_loss_reads_the_target(model: ForecastModule, batch: dict[str, Tensor])
             f"the loss reads the missing target steps {trained} (window, step) as {fill}: "
             "filled with it, they change nothing"
         )
+
+
+# 8. the head list is complete -----------------------------------------------------------------
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A normalisation layer (LayerNorm, RMSNorm, T5's LayerNorm, ...), by its class's name."""
+    return "norm" in type(module).__name__.lower()
+
+
+def _reached_past_the_last_block(model: ForecastModule, batch: dict[str, Tensor]) -> set[int]:
+    """The parameters (ids) the loss's gradient reaches with the last block's output cut from
+    the graph (detached): what maps that output to the loss, and what the loss reads beside
+    it."""
+    module = model.probe_layers("block")[last_block(model)]
+
+    def cut(_m, _args, output):
+        if torch.is_tensor(output):
+            return output.detach()
+        return (output[0].detach(), *output[1:])
+
+    model.zero_grad(set_to_none=True)
+    handle = module.register_forward_hook(cut)
+    try:
+        with torch.enable_grad():
+            torch.manual_seed(0)
+            model.loss(batch).backward()
+    finally:
+        handle.remove()
+    reached = {id(p) for p in model.parameters() if p.grad is not None and p.grad.any()}
+    model.zero_grad(set_to_none=True)
+    return reached
+
+
+def check_head_list_is_complete(model: ForecastModule, batch: dict[str, Tensor]) -> None:
+    """Every parameter the loss reaches past the last block (its output cut from the graph)
+    is in :meth:`head_modules`, unless it belongs to a block (a router's balance loss reaches
+    every block), to :meth:`input_modules` (a head tied to the input embedding) or to a norm
+    (the final norm the head reads): ``model.adapt=head_only`` then trains every layer that
+    maps the last hidden state to the forecast (all of Time-MoE's horizons' heads, not the
+    first alone)."""
+    reached = _reached_past_the_last_block(model, batch)
+    blocks = [block for stack in model.stacks for block in model.stack_blocks(stack)]
+    blocks += [block_module(model, name) for name in model.attention_weights()]
+    norms = [m for m in model.modules() if _is_norm(m)]
+    exempt = _parameters(blocks + model.input_modules() + norms)
+    head = _parameters(model.head_modules())
+    missing = [
+        name
+        for name, p in model.named_parameters()
+        if id(p) in reached and id(p) not in head and id(p) not in exempt
+    ]
+    assert not missing, (
+        f"the loss reaches {missing} past the last block, yet head_modules() leaves them out: "
+        "head_only would not train them"
+    )

@@ -6,7 +6,7 @@ and gradients on windows with gaps, forecasts of the right shape and scale drawn
 export/reload, and the input, head and feed-forward modules that model.adapt trains. The
 properties of tests/models/contract_properties.py (blocks in order, each projection in its
 role, the head, the input layers, a forecast that reads every step, real tokens at every stack,
-a loss that reads the target) are checked on every model,
+a loss that reads the target, a complete head list) are checked on every model,
 and each mistake they exist for is planted into every model to see it caught."""
 
 from __future__ import annotations
@@ -488,6 +488,11 @@ def test_the_loss_reads_every_observed_target_step_and_no_missing_one(tmp_path, 
     props.check_loss_reads_the_target(build(tmp_path, name), gapped_batch())
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_the_head_list_holds_every_layer_past_the_last_block(tmp_path, name):
+    props.check_head_list_is_complete(build(tmp_path, name), make_batch())
+
+
 def _reversed_blocks(model: ForecastModule) -> None:
     listed = model.probe_layers
     stacks = props.stacks(model)
@@ -557,6 +562,11 @@ def _loss_target_shifted_by_one_step(model: ForecastModule) -> None:
     model.loss = shifted
 
 
+def _head_list_cut_to_its_first_module(model: ForecastModule) -> None:
+    heads = model.head_modules
+    model.head_modules = lambda: heads()[:1] if len(heads()) > 1 else []
+
+
 #: each mistake planted into a wrapper (issue 30, part 7; issue 40) and the check that must
 #: catch it, with the windows it is checked on
 MISTAKES = {
@@ -567,6 +577,7 @@ MISTAKES = {
     "forecast drops the last 5 steps": (_forecast_without_the_last_steps, "forecast"),
     "a stack's placeholders marked real": (_last_stack_marked_all_real, "real_tokens"),
     "loss target shifted by one step": (_loss_target_shifted_by_one_step, "loss_target"),
+    "a head left out of the list": (_head_list_cut_to_its_first_module, "head_list_is_complete"),
 }
 
 
@@ -594,11 +605,13 @@ def _first_block_masks(model: ForecastModule) -> list[torch.Tensor]:
 
 def _no_mistake_to_plant(model: ForecastModule, name: str, check: str) -> str | None:
     """Why ``check``'s mistake would change nothing in ``model``, or None."""
-    if check == "head":
-        heads = {id(p) for m in model.head_modules() for p in m.parameters()}
-        inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
-        if heads == inputs:
-            return f"{name}'s head is its input embedding (tied)"
+    heads = {id(p) for m in model.head_modules() for p in m.parameters()}
+    inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
+    if check == "head" and heads == inputs:
+        return f"{name}'s head is its input embedding (tied)"
+    if check == "head_list_is_complete" and heads <= inputs:
+        # what the loss reaches past the last block is the input embedding's and a norm's
+        return f"{name}'s head is tied to its input embedding"
     if check == "real_tokens":
         planted = copy.copy(model)
         _last_stack_marked_all_real(planted)
