@@ -99,6 +99,11 @@ What the contract requires of these methods (each point a test of the contract):
   loss), the input modules' (a tied head) and the norms' (the final norm); ``embed`` depends on
   the parameters of :meth:`input_modules` and no others. :meth:`forecast` reads every observed
   context step: swapping two neighbouring observed values changes the first block's input.
+- **Long horizons.** A horizon past what one call forecasts (the largest head, the output
+  patches of one pass) is forecast whole and finite; a model that rolls it out joins the pieces
+  in the order it made them and feeds each call the last one's output: the first steps of the
+  long forecast are exactly the forecast at a shorter horizon that starts with the same call
+  (the same windows and seed), and no later stretch repeats the first steps.
 - **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by
   ``model.sizes``), which is all the contract tests need. Bundled weights
   (``isoprobe/models/bundled/<bundled_name>``, listed in ``checkpoints.SHIPPED``) are optional;

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from isoprobe.models.base import ForecastModule
+from isoprobe.models.base import Forecast, ForecastModule
 
 #: a window's observed values, in time order: neighbours differ in every digit the LLM writes
 #: and in Chronos-T5's bins (see ``OBSERVED_ROW`` in test_contract.py), so that swapping any two
@@ -581,3 +581,68 @@ def check_head_list_is_complete(model: ForecastModule, batch: dict[str, Tensor])
         f"the loss reaches {missing} past the last block, yet head_modules() leaves them out: "
         "head_only would not train them"
     )
+
+
+# 9. a horizon longer than one call ------------------------------------------------------------
+
+#: the length of the stretch of a long forecast that must not repeat its first steps
+REPEAT_SPAN = 8
+
+
+def _forecast_and_runs(model: ForecastModule, batch: dict[str, Tensor]) -> tuple[Forecast, int]:
+    """A seeded forecast of ``batch`` and how many times its last block ran (the calls)."""
+    module = model.probe_layers("block")[last_block(model)]
+    runs = []
+    handle = module.register_forward_hook(lambda *_: runs.append(1))
+    torch.manual_seed(11)
+    try:
+        with torch.no_grad():
+            forecast = model.forecast(batch)
+    finally:
+        handle.remove()
+    return forecast, len(runs)
+
+
+def check_forecast_past_one_call(
+    short: ForecastModule,
+    long: ForecastModule,
+    short_batch: dict[str, Tensor],
+    long_batch: dict[str, Tensor],
+) -> bool:
+    """A forecast past the reach of one call (the largest head, the output patches one call
+    writes) is finite, of its horizon's shape; where the model rolls it out (its last block
+    runs more than once), what it forecasts first is fixed before it goes on: its first steps
+    are, exactly, the forecast at the shorter horizon of ``short`` (the same windows, the same
+    seed), so the pieces are joined in the order they were made, and no later stretch of
+    :data:`REPEAT_SPAN` steps repeats its first ones, so each call reads the last one's
+    output. Returns whether the forecast was rolled out: its last block ran more than once, or
+    not as a module at all (Chronos-T5's sampler reads the weights itself)."""
+    first, _ = _forecast_and_runs(short, short_batch)
+    forecast, runs = _forecast_and_runs(long, long_batch)
+    windows, steps = long_batch["context"].shape[0], long.prediction_length
+    levels = len(long.quantile_levels)
+    assert tuple(forecast.quantiles.shape) == (windows, levels, steps)
+    assert tuple(forecast.median.shape) == (windows, steps)
+    assert torch.isfinite(forecast.quantiles).all() and torch.isfinite(forecast.median).all(), (
+        f"a forecast of {steps} steps is not finite"
+    )
+    if runs == 1:
+        return False  # one call forecasts the whole horizon: nothing is rolled out
+    horizon = short.prediction_length
+    assert torch.equal(forecast.median[:, :horizon], first.median) and torch.equal(
+        forecast.quantiles[..., :horizon], first.quantiles
+    ), (
+        f"the first {horizon} steps of a {steps}-step roll-out are not the {horizon}-step "
+        "forecast: the roll-out's pieces are not joined in the order they were made"
+    )
+    median = forecast.median
+    repeats = [
+        start
+        for start in range(1, steps - REPEAT_SPAN + 1)
+        if torch.equal(median[:, start : start + REPEAT_SPAN], median[:, :REPEAT_SPAN])
+    ]
+    assert not repeats, (
+        f"the roll-out repeats its first {REPEAT_SPAN} steps from steps {repeats}: a call "
+        "does not read the last one's output"
+    )
+    return True
