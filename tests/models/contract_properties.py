@@ -334,21 +334,27 @@ def check_input_modules(model: ForecastModule, batch: dict[str, Tensor]) -> None
 # 5. a forecast reads every observed step ------------------------------------------------------
 
 
-def first_block(model: ForecastModule) -> nn.Module:
-    """The block ``embed`` feeds: the largest module holding the first block's query weight
-    but not the second block's."""
-    weights = list(model.attention_weights().values())
+def block_module(model: ForecastModule, block: str) -> nn.Module:
+    """The module that runs ``block`` (a name of :meth:`attention_weights`): the largest module
+    holding that block's query weight and no other block's (a probed layer may be a tap after
+    the block, whose input is the block's output)."""
 
     def parameter(w: Tensor) -> Tensor:
         return w if w._base is None else w._base
 
-    first, second = parameter(weights[0]["q"]), parameter(weights[1]["q"])
+    queries = {name: id(parameter(parts["q"])) for name, parts in model.attention_weights().items()}
+    own, others = queries.pop(block), set(queries.values())
     holders = [
         m
         for m in model.modules()
-        if any(p is first for p in m.parameters()) and all(p is not second for p in m.parameters())
+        if own in (ids := {id(p) for p in m.parameters()}) and not ids & others
     ]
     return max(holders, key=lambda m: sum(1 for _ in m.modules()))
+
+
+def first_block(model: ForecastModule) -> nn.Module:
+    """The block ``embed`` feeds: the first of :meth:`attention_weights`' blocks."""
+    return block_module(model, next(iter(model.attention_weights())))
 
 
 class _Read(Exception):
@@ -402,25 +408,6 @@ def check_forecast_reads_every_step(model: ForecastModule, context: int, horizon
 # 6. real tokens at the first block of every stack ---------------------------------------------
 
 
-def block_module(model: ForecastModule, block: str) -> nn.Module:
-    """The module that runs ``block`` (a name of :meth:`attention_weights`): the largest module
-    holding that block's query weight and no other block's (a probed layer may be a tap after
-    the block, whose input is the block's output)."""
-
-    def parameter(w: Tensor) -> Tensor:
-        return w if w._base is None else w._base
-
-    queries = {name: parameter(parts["q"]) for name, parts in model.attention_weights().items()}
-    own, others = queries[block], [q for name, q in queries.items() if name != block]
-    holders = [
-        m
-        for m in model.modules()
-        if any(p is own for p in m.parameters())
-        and all(p is not q for p in m.parameters() for q in others)
-    ]
-    return max(holders, key=lambda m: sum(1 for _ in m.modules()))
-
-
 def _stack_first_blocks(
     model: ForecastModule, batch: dict[str, Tensor]
 ) -> dict[str, tuple[Tensor, Tensor]]:
@@ -470,7 +457,7 @@ def check_real_tokens_at_every_stack(
         )
         idle = real & ~(first != second).any(dim=-1)
         assert not idle.any(), (
-            f"{stack}: positions {idle.nonzero().tolist()} (window, position) are marked real "
+            f"{stack}: positions {idle.nonzero().tolist()} (indices of the mask) are marked real "
             "but do not change when the observed values move: they carry no observed value"
         )
 
