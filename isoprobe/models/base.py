@@ -43,7 +43,9 @@ What the contract requires of these methods (each point a test of the contract):
   forecast (median and quantiles) by c.
 - **Gaps.** NaN may stand anywhere in ``context`` and ``target``: :meth:`loss` stays finite and
   so do its gradients (missing target values are left out of the objective, not trained as
-  zeros), and :meth:`forecast` stays finite.
+  zeros), and :meth:`forecast` stays finite. The loss reads every observed target step (moving
+  one alone changes it) and no missing one (filling one alone with 0 or the context's mean
+  changes it, as a term it left out now counts).
 - **``embed``** is exactly the tensor the first block reads, every position of it
   (``test_embed_is_what_the_first_block_reads`` compares the two with ``torch.equal``): the value
   embeddings plus whatever the model adds or puts in before its first block: absolute position
@@ -67,7 +69,12 @@ What the contract requires of these methods (each point a test of the contract):
   its own step alone: it is real exactly when its own step is observed, whatever its lags hold
   (observed, missing or left padding), and not real when its own step is missing even though
   its lags carry observed values; those values are real at their own steps' tokens, so none
-  is counted twice and none is left out.
+  is counted twice and none is left out. At the first block of every stack, each position
+  marked real changes when the window's observed values move to neighbouring steps: a
+  placeholder (VisionTS's hidden patches in its decoder, a decoder start token) reads the
+  window only inside the block, so at its input it is the constant it is. A one-position
+  decoder (Chronos-Bolt's learned query, real where the window holds an observed value: the
+  window's summary the head reads) is read at that block's output, after its cross-attention.
 - **Training tokens.** :meth:`training_token_masks` selects, from each layer's output in
   :meth:`loss` (a module that runs several times there, as TimesFM's decoding steps, at its
   first run), exactly the tokens :meth:`token_masks` selects from :meth:`probe_forward`'s, in
@@ -87,9 +94,16 @@ What the contract requires of these methods (each point a test of the contract):
   :meth:`attention_weights` acts in its role: a query perturbed at one token changes only that
   token's attention output, a key or a value also others, and ``o``'s module writes the
   attention sub-layer's output. :meth:`head_modules` map the last block's output to the
-  forecast (the loss reaches them with that output cut from the graph); ``embed`` depends on
+  forecast (the loss reaches them with that output cut from the graph), all of them: every
+  parameter the loss reaches past that cut is in them, except the blocks' (a router's balance
+  loss), the input modules' (a tied head) and the norms' (the final norm); ``embed`` depends on
   the parameters of :meth:`input_modules` and no others. :meth:`forecast` reads every observed
   context step: swapping two neighbouring observed values changes the first block's input.
+- **Long horizons.** A horizon past what one call forecasts (the largest head, the output
+  patches of one pass) is forecast whole and finite; a model that rolls it out joins the pieces
+  in the order it made them and feeds each call the last one's output: the first steps of the
+  long forecast are exactly the forecast at a shorter horizon that starts with the same call
+  (the same windows and seed), and no later stretch repeats the first steps.
 - **Weights.** Every model builds from scratch (``model.checkpoint=scratch``, the shape given by
   ``model.sizes``), which is all the contract tests need. Bundled weights
   (``isoprobe/models/bundled/<bundled_name>``, listed in ``checkpoints.SHIPPED``) are optional;

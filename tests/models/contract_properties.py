@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from isoprobe.models.base import ForecastModule
+from isoprobe.models.base import Forecast, ForecastModule
 
 #: a window's observed values, in time order: neighbours differ in every digit the LLM writes
 #: and in Chronos-T5's bins (see ``OBSERVED_ROW`` in test_contract.py), so that swapping any two
@@ -334,21 +334,27 @@ def check_input_modules(model: ForecastModule, batch: dict[str, Tensor]) -> None
 # 5. a forecast reads every observed step ------------------------------------------------------
 
 
-def first_block(model: ForecastModule) -> nn.Module:
-    """The block ``embed`` feeds: the largest module holding the first block's query weight
-    but not the second block's."""
-    weights = list(model.attention_weights().values())
+def block_module(model: ForecastModule, block: str) -> nn.Module:
+    """The module that runs ``block`` (a name of :meth:`attention_weights`): the largest module
+    holding that block's query weight and no other block's (a probed layer may be a tap after
+    the block, whose input is the block's output)."""
 
     def parameter(w: Tensor) -> Tensor:
         return w if w._base is None else w._base
 
-    first, second = parameter(weights[0]["q"]), parameter(weights[1]["q"])
+    queries = {name: id(parameter(parts["q"])) for name, parts in model.attention_weights().items()}
+    own, others = queries.pop(block), set(queries.values())
     holders = [
         m
         for m in model.modules()
-        if any(p is first for p in m.parameters()) and all(p is not second for p in m.parameters())
+        if own in (ids := {id(p) for p in m.parameters()}) and not ids & others
     ]
     return max(holders, key=lambda m: sum(1 for _ in m.modules()))
+
+
+def first_block(model: ForecastModule) -> nn.Module:
+    """The block ``embed`` feeds: the first of :meth:`attention_weights`' blocks."""
+    return block_module(model, next(iter(model.attention_weights())))
 
 
 class _Read(Exception):
@@ -397,3 +403,233 @@ def check_forecast_reads_every_step(model: ForecastModule, context: int, horizon
         f"the forecast ignores context steps: swapping steps (p, p+1) for p in {unchanged} "
         "(of a fully observed window) leaves the first block's input unchanged"
     )
+
+
+# 6. real tokens at the first block of every stack ---------------------------------------------
+
+
+def _stack_first_blocks(
+    model: ForecastModule, batch: dict[str, Tensor]
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Stack -> (input, output) of its first block in :meth:`probe_forward` (its first run)."""
+    kept: dict[str, tuple[Tensor, Tensor]] = {}
+    handles = []
+    for stack, names in stacks(model).items():
+
+        def keep(_m, args, kwargs, output, stack=stack):
+            wrote = output if torch.is_tensor(output) else output[0]  # a tuple or ModelOutput
+            kept.setdefault(stack, (input_of(args, kwargs).clone(), wrote.clone()))
+
+        module = block_module(model, names[0])
+        handles.append(module.register_forward_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            torch.manual_seed(0)
+            model.probe_forward(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept
+
+
+def check_real_tokens_at_every_stack(
+    model: ForecastModule, batch: dict[str, Tensor], moved: dict[str, Tensor]
+) -> None:
+    """At the first block of every stack, every position :meth:`token_masks` marks real
+    changes when the window's observed values move to their neighbours' steps (``moved``: the
+    same values, so the same scale): a position whose own value changes, and that does not
+    change, carries no observed value. Read at the block's input, what the position brings to
+    the stack itself (a decoder's teacher-forced target, a patch, a lagged step), so that a
+    placeholder, which learns what it holds from the real tokens inside the block, shows as
+    the constant it is. A one-position stack (Chronos-Bolt's decoder: a learned query whose
+    output is the window's summary) has nothing of its own to read; it is read at the block's
+    output, after its cross-attention has read the window."""
+    names = stacks(model)
+    masks = model.token_masks(batch, [blocks[0] for blocks in names.values()])
+    before, after = _stack_first_blocks(model, batch), _stack_first_blocks(model, moved)
+    for stack, blocks in names.items():
+        real = masks[blocks[0]]
+        side = 1 if real.shape[-1] == 1 else 0
+        first, second = before[stack][side], after[stack][side]
+        assert tuple(first.shape[:-1]) == tuple(real.shape), (
+            f"{stack}: the mask {tuple(real.shape)} is not of the first block's positions "
+            f"{tuple(first.shape[:-1])}"
+        )
+        idle = real & ~(first != second).any(dim=-1)
+        assert not idle.any(), (
+            f"{stack}: positions {idle.nonzero().tolist()} (indices of the mask) are marked real "
+            "but do not change when the observed values move: they carry no observed value"
+        )
+
+
+# 7. the loss reads the target -----------------------------------------------------------------
+
+#: what an observed target step is moved by: enough to move it to other tokens where the loss
+#: reads the target as tokens (several of Chronos-T5's bins, another digit of the LLM's)
+TARGET_STEP = 3.0
+
+
+def _seeded_loss(model: ForecastModule, batch: dict[str, Tensor], target: Tensor) -> Tensor:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return model.loss({**batch, "target": target})
+
+
+def _fills(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """What a loss that trains missing target steps as values would put there, per window
+    [B, 1]: 0 in the batch's units, or the context's observed mean (0 once centred)."""
+    context = batch["context"]
+    mean = context.nansum(dim=1, keepdim=True) / context.isfinite().sum(dim=1, keepdim=True)
+    return {"zero": torch.zeros_like(mean), "the context's mean": mean}
+
+
+def check_loss_reads_the_target(model: ForecastModule, batch: dict[str, Tensor]) -> None:
+    """The loss reads every observed target step and leaves out every missing one: each
+    observed step moved alone (by :data:`TARGET_STEP`) changes the loss, and each missing step
+    filled alone with a value (0, or the context's mean: what a loss that trains gaps as zeros
+    reads there, in the batch's units or once centred) changes it too, as a term the loss had
+    left out now counts. Step by step, not by the gradient: a loss that reads the target as
+    tokens (bins, digits) passes no gradient to it, and a gap's NaN has no value to move."""
+    target = batch["target"]
+    observed = target.isfinite()
+    assert observed.any() and not observed.all(), "the windows need observed and missing steps"
+    reference = _seeded_loss(model, batch, target)
+    unread = []
+    for row, step in observed.nonzero().tolist():
+        moved = target.clone()
+        moved[row, step] += TARGET_STEP
+        if torch.equal(_seeded_loss(model, batch, moved), reference):
+            unread.append([row, step])
+    assert not unread, f"the loss does not read the observed target steps {unread} (window, step)"
+    for fill, values in _fills(batch).items():
+        trained = []
+        for row, step in (~observed).nonzero().tolist():
+            filled = target.clone()
+            filled[row, step] = values[row, 0]
+            if torch.equal(_seeded_loss(model, batch, filled), reference):
+                trained.append([row, step])
+        assert not trained, (
+            f"the loss reads the missing target steps {trained} (window, step) as {fill}: "
+            "filled with it, they change nothing"
+        )
+
+
+# 8. the head list is complete -----------------------------------------------------------------
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """A normalisation layer (LayerNorm, RMSNorm, T5's LayerNorm, ...), by its class's name."""
+    return "norm" in type(module).__name__.lower()
+
+
+def _reached_past_the_last_block(model: ForecastModule, batch: dict[str, Tensor]) -> set[int]:
+    """The parameters (ids) the loss's gradient reaches with the last block's output cut from
+    the graph (detached): what maps that output to the loss, and what the loss reads beside
+    it."""
+    module = model.probe_layers("block")[last_block(model)]
+
+    def cut(_m, _args, output):
+        if torch.is_tensor(output):
+            return output.detach()
+        return (output[0].detach(), *output[1:])
+
+    model.zero_grad(set_to_none=True)
+    handle = module.register_forward_hook(cut)
+    try:
+        with torch.enable_grad():
+            torch.manual_seed(0)
+            model.loss(batch).backward()
+    finally:
+        handle.remove()
+    reached = {id(p) for p in model.parameters() if p.grad is not None and p.grad.any()}
+    model.zero_grad(set_to_none=True)
+    return reached
+
+
+def check_head_list_is_complete(model: ForecastModule, batch: dict[str, Tensor]) -> None:
+    """Every parameter the loss reaches past the last block (its output cut from the graph)
+    is in :meth:`head_modules`, unless it belongs to a block (a router's balance loss reaches
+    every block), to :meth:`input_modules` (a head tied to the input embedding) or to a norm
+    (the final norm the head reads): ``model.adapt=head_only`` then trains every layer that
+    maps the last hidden state to the forecast (all of Time-MoE's horizons' heads, not the
+    first alone)."""
+    reached = _reached_past_the_last_block(model, batch)
+    blocks = [block for stack in model.stacks for block in model.stack_blocks(stack)]
+    blocks += [block_module(model, name) for name in model.attention_weights()]
+    norms = [m for m in model.modules() if _is_norm(m)]
+    exempt = _parameters(blocks + model.input_modules() + norms)
+    head = _parameters(model.head_modules())
+    missing = [
+        name
+        for name, p in model.named_parameters()
+        if id(p) in reached and id(p) not in head and id(p) not in exempt
+    ]
+    assert not missing, (
+        f"the loss reaches {missing} past the last block, yet head_modules() leaves them out: "
+        "head_only would not train them"
+    )
+
+
+# 9. a horizon longer than one call ------------------------------------------------------------
+
+#: the length of the stretch of a long forecast that must not repeat its first steps
+REPEAT_SPAN = 8
+
+
+def _forecast_and_runs(model: ForecastModule, batch: dict[str, Tensor]) -> tuple[Forecast, int]:
+    """A seeded forecast of ``batch`` and how many times its last block ran (the calls)."""
+    module = model.probe_layers("block")[last_block(model)]
+    runs = []
+    handle = module.register_forward_hook(lambda *_: runs.append(1))
+    torch.manual_seed(11)
+    try:
+        with torch.no_grad():
+            forecast = model.forecast(batch)
+    finally:
+        handle.remove()
+    return forecast, len(runs)
+
+
+def check_forecast_past_one_call(
+    short: ForecastModule,
+    long: ForecastModule,
+    short_batch: dict[str, Tensor],
+    long_batch: dict[str, Tensor],
+) -> bool:
+    """A forecast past the reach of one call (the largest head, the output patches one call
+    writes) is finite, of its horizon's shape; where the model rolls it out (its last block
+    runs more than once), what it forecasts first is fixed before it goes on: its first steps
+    are, exactly, the forecast at the shorter horizon of ``short`` (the same windows, the same
+    seed), so the pieces are joined in the order they were made, and no later stretch of
+    :data:`REPEAT_SPAN` steps repeats its first ones, so each call reads the last one's
+    output. Returns whether the forecast was rolled out: its last block ran more than once, or
+    not as a module at all (Chronos-T5's sampler reads the weights itself)."""
+    first, _ = _forecast_and_runs(short, short_batch)
+    forecast, runs = _forecast_and_runs(long, long_batch)
+    windows, steps = long_batch["context"].shape[0], long.prediction_length
+    levels = len(long.quantile_levels)
+    assert tuple(forecast.quantiles.shape) == (windows, levels, steps)
+    assert tuple(forecast.median.shape) == (windows, steps)
+    assert torch.isfinite(forecast.quantiles).all() and torch.isfinite(forecast.median).all(), (
+        f"a forecast of {steps} steps is not finite"
+    )
+    if runs == 1:
+        return False  # one call forecasts the whole horizon: nothing is rolled out
+    horizon = short.prediction_length
+    assert torch.equal(forecast.median[:, :horizon], first.median) and torch.equal(
+        forecast.quantiles[..., :horizon], first.quantiles
+    ), (
+        f"the first {horizon} steps of a {steps}-step roll-out are not the {horizon}-step "
+        "forecast: the roll-out's pieces are not joined in the order they were made"
+    )
+    median = forecast.median
+    repeats = [
+        start
+        for start in range(1, steps - REPEAT_SPAN + 1)
+        if torch.equal(median[:, start : start + REPEAT_SPAN], median[:, :REPEAT_SPAN])
+    ]
+    assert not repeats, (
+        f"the roll-out repeats its first {REPEAT_SPAN} steps from steps {repeats}: a call "
+        "does not read the last one's output"
+    )
+    return True

@@ -5,7 +5,9 @@ and gradients on windows with gaps, forecasts of the right shape and scale drawn
 ``num_samples`` samples, memory estimates within a factor of the measured peak,
 export/reload, and the input, head and feed-forward modules that model.adapt trains. The
 properties of tests/models/contract_properties.py (blocks in order, each projection in its
-role, the head, the input layers, a forecast that reads every step) are checked on every model,
+role, the head, the input layers, a forecast that reads every step, real tokens at every stack,
+a loss that reads the target, a complete head list, a horizon longer than one call) are checked
+on every model,
 and each mistake they exist for is planted into every model to see it caught."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from hydra.utils import get_class
 from torch import nn
 
-from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, ForecastModule
+from isoprobe.models.base import ATTENTION_PROJECTIONS, PROBE_SITES, Forecast, ForecastModule
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.peak_memory import cpu_peak_bytes, cpu_peak_supported, weight_bytes
 from isoprobe.tasks.runner import build_model
@@ -36,10 +38,11 @@ def build(
     checkpoint: str = "scratch",
     overrides: Sequence[str] = (),
     context: int = CONTEXT,
+    horizon: int = HORIZON,
 ) -> ForecastModule:
     cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}", *overrides])
     windows = SimpleNamespace(
-        context_length=context, prediction_length=HORIZON, season_length=1, freq="h"
+        context_length=context, prediction_length=horizon, season_length=1, freq="h"
     )
     torch.manual_seed(0)
     return build_model(cfg.model, windows).eval()
@@ -469,6 +472,68 @@ def test_the_forecast_reads_every_observed_context_step(tmp_path, name):
     props.check_forecast_reads_every_step(build(tmp_path, name), CONTEXT, HORIZON)
 
 
+def moved_batch(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``batch`` with every window's observed context and target values moved to their
+    neighbours' steps (:func:`swapped_neighbours`)."""
+    moved = {key: swapped_neighbours(batch[key]) for key in ("context", "target")}
+    return {**batch, **moved}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_stack_marks_real_only_tokens_that_carry_observed_values(tmp_path, name):
+    batch = gapped_batch()
+    props.check_real_tokens_at_every_stack(build(tmp_path, name), batch, moved_batch(batch))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_loss_reads_every_observed_target_step_and_no_missing_one(tmp_path, name):
+    props.check_loss_reads_the_target(build(tmp_path, name), gapped_batch())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_head_list_holds_every_layer_past_the_last_block(tmp_path, name):
+    props.check_head_list_is_complete(build(tmp_path, name), make_batch())
+
+
+#: a horizon past what one call of any model forecasts (Chronos-Bolt's and TimesFM's 64 steps,
+#: Time-MoE's largest head of 32, Moirai's 32-step patches), and a shorter one that starts with
+#: the same call (at least Time-MoE's largest head, which both then use first)
+ROLL_OUT_HORIZONS = (32, 65)
+#: the observed steps of the roll-out's windows: few, so that the LLM's prompt fits beside
+#: the long horizon's tokens uncut (GPT-2's 512 positions), as it does beside the short one's
+ROLL_OUT_OBSERVED = 8
+
+
+def roll_out_batch(horizon: int) -> dict[str, torch.Tensor]:
+    """Two random walks of :data:`ROLL_OUT_OBSERVED` steps, left-padded to the context."""
+    g = torch.Generator().manual_seed(7)
+    context = torch.randn(2, CONTEXT, generator=g).cumsum(-1) + 20
+    context[:, :-ROLL_OUT_OBSERVED] = NAN
+    zeros = torch.zeros(2)
+    target = torch.linspace(2.0, 9.0, horizon).repeat(2, 1)
+    return {"context": context, "target": target, "loc": zeros, "scale": zeros + 1}
+
+
+def roll_out_models(tmp_path, name: str) -> tuple[ForecastModule, ForecastModule]:
+    """The model ``name`` at the short and the long horizon of :data:`ROLL_OUT_HORIZONS` (few
+    sample paths)."""
+    overrides = FEW_SAMPLES if model_class(tmp_path, name).samples else []
+    short, long = (build(tmp_path, name, overrides=overrides, horizon=h) for h in ROLL_OUT_HORIZONS)
+    return short, long
+
+
+def check_roll_out(short: ForecastModule, long: ForecastModule) -> bool:
+    """:func:`props.check_forecast_past_one_call` on :func:`roll_out_batch`'s windows; whether
+    the long forecast was rolled out."""
+    batches = (roll_out_batch(h) for h in ROLL_OUT_HORIZONS)
+    return props.check_forecast_past_one_call(short, long, *batches)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_horizon_longer_than_one_call_is_rolled_out_in_order(tmp_path, name):
+    check_roll_out(*roll_out_models(tmp_path, name))
+
+
 def _reversed_blocks(model: ForecastModule) -> None:
     listed = model.probe_layers
     stacks = props.stacks(model)
@@ -511,14 +576,66 @@ def _forecast_without_the_last_steps(model: ForecastModule, dropped: int = 5) ->
     model.forecast = without_last
 
 
-#: each mistake planted into a wrapper (issue 30, part 7) and the check that must catch it, with
-#: the windows it is checked on
+def _last_stack_marked_all_real(model: ForecastModule) -> None:
+    masks = model.token_masks
+    last = model.stacks[-1]
+
+    def token_masks(batch, layers):
+        layers = list(layers)
+        identities = model.identify_layers(layers, type(model).__name__)
+        found = masks(batch, layers)
+        return {
+            name: torch.ones_like(mask) if identities[name].stack == last else mask
+            for name, mask in found.items()
+        }
+
+    model.token_masks = token_masks
+
+
+def _loss_target_shifted_by_one_step(model: ForecastModule) -> None:
+    loss = model.loss
+
+    def shifted(batch):
+        target = batch["target"]
+        later = torch.cat([target[:, 1:], torch.full_like(target[:, :1], NAN)], dim=1)
+        return loss({**batch, "target": later})
+
+    model.loss = shifted
+
+
+def _head_list_cut_to_its_first_module(model: ForecastModule) -> None:
+    heads = model.head_modules
+    model.head_modules = lambda: heads()[:1] if len(heads()) > 1 else []
+
+
+def _roll_out_pieces_out_of_order(model: ForecastModule) -> None:
+    forecast = model.forecast
+    first = ROLL_OUT_HORIZONS[0]
+
+    def later_first(batch):
+        made = forecast(batch)
+
+        def turn(x):
+            return torch.cat([x[..., first:], x[..., :first]], dim=-1)
+
+        samples = None if made.samples is None else turn(made.samples)
+        return Forecast(turn(made.quantiles), made.levels, turn(made.median), samples)
+
+    model.forecast = later_first
+
+
+#: each mistake planted into a wrapper (issue 30, part 7; issue 40) and the check that must
+#: catch it, with the windows it is checked on
 MISTAKES = {
     "blocks listed in reverse": (_reversed_blocks, "block_order"),
     "key under the query's name": (_key_named_query, "projection_roles"),
     "input embedding as the head": (_input_embedding_as_head, "head"),
     "an input module left out": (_input_modules_without_the_first, "input_modules"),
     "forecast drops the last 5 steps": (_forecast_without_the_last_steps, "forecast"),
+    "a stack's placeholders marked real": (_last_stack_marked_all_real, "real_tokens"),
+    "loss target shifted by one step": (_loss_target_shifted_by_one_step, "loss_target"),
+    "a head left out of the list": (_head_list_cut_to_its_first_module, "head_list_is_complete"),
+    "roll-out's pieces out of order": (_roll_out_pieces_out_of_order, "roll_out"),
 }
 
 
@@ -529,20 +646,56 @@ def _check(check: str, model: ForecastModule) -> None:
         props.check_forecast_reads_every_step(model, CONTEXT, HORIZON)
     elif check == "head":
         props.check_head(model.train(), make_batch())
+    elif check == "real_tokens":
+        batch = gapped_batch()
+        props.check_real_tokens_at_every_stack(model, batch, moved_batch(batch))
+    elif check == "loss_target":
+        props.check_loss_reads_the_target(model, gapped_batch())
     else:
         getattr(props, f"check_{check}")(model, make_batch())
+
+
+def _first_block_masks(model: ForecastModule) -> list[torch.Tensor]:
+    """The masks of every stack's first block on :func:`gapped_batch`."""
+    firsts = [names[0] for names in props.stacks(model).values()]
+    return list(model.token_masks(gapped_batch(), firsts).values())
+
+
+def _no_mistake_to_plant(model: ForecastModule, name: str, check: str) -> str | None:
+    """Why ``check``'s mistake would change nothing in ``model``, or None."""
+    heads = {id(p) for m in model.head_modules() for p in m.parameters()}
+    inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
+    if check == "head" and heads == inputs:
+        return f"{name}'s head is its input embedding (tied)"
+    if check == "head_list_is_complete" and heads <= inputs:
+        # what the loss reaches past the last block is the input embedding's and a norm's
+        return f"{name}'s head is tied to its input embedding"
+    if check == "real_tokens":
+        planted = copy.copy(model)
+        _last_stack_marked_all_real(planted)
+        if all(map(torch.equal, _first_block_masks(model), _first_block_masks(planted))):
+            return f"{name}'s last stack marks all its positions real already"
+    return None
 
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("mistake", list(MISTAKES))
 def test_a_planted_mistake_is_caught(tmp_path, name, mistake):
     plant, check = MISTAKES[mistake]
+    if check == "roll_out":
+        short, long = roll_out_models(tmp_path, name)
+        plant(long)
+        try:
+            rolled_out = check_roll_out(short, long)
+        except AssertionError:
+            return
+        if not rolled_out:
+            pytest.skip(f"{name} forecasts the long horizon in one call: no roll-out to plant in")
+        pytest.fail("the roll-out's pieces out of order were not caught")
     model = build(tmp_path, name, context=LONG if check == "projection_roles" else CONTEXT)
-    if check == "head":
-        heads = {id(p) for m in model.head_modules() for p in m.parameters()}
-        inputs = {id(p) for m in model.input_modules() for p in m.parameters()}
-        if heads == inputs:
-            pytest.skip(f"{name}'s head is its input embedding (tied): no mistake to plant")
+    reason = _no_mistake_to_plant(model, name, check)
+    if reason is not None:
+        pytest.skip(f"{reason}: no mistake to plant")
     plant(model)
     with pytest.raises(AssertionError):
         _check(check, model)

@@ -131,6 +131,40 @@ def test_normalisation_uses_the_observed_steps_and_puts_missing_ones_at_the_mean
     torch.testing.assert_close(values[0, 4], 2.0 / scale[0, 0])
 
 
+def context_stds(context: torch.Tensor) -> list[float]:
+    """Each window's population standard deviation of its observed context values, with
+    VisionTS's 1e-5 under the root."""
+    return [float(np.sqrt(np.var(row[~np.isnan(row)]) + 1e-5)) for row in context.double().numpy()]
+
+
+def test_the_loss_is_the_forecast_s_mse_over_the_observed_target_steps_in_context_stds():
+    """The objective on windows with gaps in the context and the target, computed apart from
+    the module: each observed target step's error, the forecast less the target in units of its
+    window's context standard deviation, squared, averaged over all observed steps of the batch
+    (a missing step counts nothing, not a zero)."""
+    model = build("scratch", 24, 6, 4)
+    g = torch.Generator().manual_seed(2)
+    context = torch.randn(2, 24, generator=g).cumsum(-1) * 3 + 40
+    context[0, :8] = float("nan")  # left padding
+    context[1, 10:13] = float("nan")  # a gap
+    target = torch.randn(2, 6, generator=g) * 3 + 40
+    target[0, 2] = target[1, 4:] = float("nan")
+    batch = {"context": context, "target": target, "loc": torch.zeros(2), "scale": torch.ones(2)}
+    point = model.forecast(batch).median.double().numpy()
+    errors = [
+        ((p - t) / std) ** 2
+        for p_row, t_row, std in zip(
+            point, target.double().numpy(), context_stds(context), strict=True
+        )
+        for p, t in zip(p_row, t_row, strict=True)
+        if not np.isnan(t)
+    ]
+    assert len(errors) == 9
+    with torch.no_grad():
+        loss = model.loss(batch)
+    torch.testing.assert_close(loss.double(), torch.tensor(np.mean(errors)), rtol=1e-5, atol=0)
+
+
 def test_qkv_split_and_fused_again_is_the_published_state_dict():
     state = published_state()
     here = from_published(state)
