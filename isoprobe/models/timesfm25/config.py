@@ -112,6 +112,7 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> TimesFm25Shape:
 
 
 def _check_buildable(shape: TimesFm25Shape, source: str) -> None:
+    """Refuse, naming every field at fault and ``source``, a shape the network cannot be."""
     problems = []
     levels = shape.quantiles
     if not (
