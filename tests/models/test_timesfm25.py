@@ -218,8 +218,8 @@ def test_flipping_keeps_the_mean_and_reverses_the_levels():
 
 
 def test_a_patch_without_an_observed_value_is_no_token_and_hidden_from_attention(tmp_path):
-    """Row 0: the middle patch missing entirely; its token is not real, and no later patch's
-    representation depends on what the model computed there."""
+    """Row 2 with its third patch missing entirely (row 0 left-padded over its first): that
+    token is not real, and pushing its embedding moves no other token's first-block output."""
     model, batch, _ = fixture_model(tmp_path)
     context = batch["context"].clone()
     context[2, 8:12] = float("nan")

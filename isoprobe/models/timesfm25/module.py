@@ -22,11 +22,14 @@ without an observed value is hidden from attention (for left padding this is the
 mask, which hides leading padded patches).
 
 The package defines no training objective. The loss here is the TimesFM paper's decoder-only
-objective on both heads: every real context patch predicts the steps that follow it (context
-then target) with the point head (``output_patch_len`` steps) and the quantile head
+training (Das et al. 2024: every patch predicts the output patch that follows it, squared error)
+with the pinball loss of the quantile channels added, as transformers' TimesFM 2.0 port does, and
+applied to both heads: every real context patch predicts the steps that follow it (context then
+target) with the point head (``output_patch_len`` steps) and the quantile head
 (``output_quantile_len`` steps), in that patch's normalised units; each head's term is the mean,
 over the observed future steps, of the squared error of its mean channel plus the pinball loss
-``max(q e, (q - 1) e)``, ``e = y - y_q``, averaged over its quantile channels.
+``max(q e, (q - 1) e)``, ``e = y - y_q``, averaged over its quantile channels. One pass over the
+context serves every patch, so the loss reads the tokens the probe reads.
 """
 
 from __future__ import annotations
