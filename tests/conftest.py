@@ -79,6 +79,12 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_hidden_layers=2",
         "model.sizes.mini.num_attention_heads=2",
     ],
+    "timesfm25": [
+        "model.sizes.mini.model_dims=32",
+        "model.sizes.mini.hidden_dims=32",
+        "model.sizes.mini.num_layers=2",
+        "model.sizes.mini.num_heads=2",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

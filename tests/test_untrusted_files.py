@@ -419,6 +419,95 @@ def test_time_moe_weights_file_holding_a_pickle_is_refused_and_runs_nothing(tmp_
     assert not marker.exists()
 
 
+# -- TimesFM 2.5: model.safetensors beside a config.json, from a directory or the hub ---------
+
+TIMESFM25_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "timesfm25"
+#: the fixture's tiny shape as the published one, for a directory in the published layout
+TIMESFM25_PUBLISHED = [
+    f"model.sizes.official_200m.{key}={value}"
+    for key, value in json.loads((TIMESFM25_FIXTURE / "config.json").read_text()).items()
+    if key not in ("model_type", "quantiles", "decode_index")
+]
+
+
+def timesfm25_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    """The parity fixture's weights in the published layout (a config.json that describes no
+    architecture), with a pickled ``pytorch_model.bin`` payload beside them."""
+    directory.mkdir(parents=True)
+    shutil.copy(TIMESFM25_FIXTURE / "model.safetensors", directory / "model.safetensors")
+    (directory / "config.json").write_text("{}")
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    return directory
+
+
+def build_timesfm25(tmp_path, checkpoint: str):
+    cfg = compose_config(
+        tmp_path, ["model=timesfm25", *TIMESFM25_PUBLISHED, f"model.checkpoint={checkpoint}"]
+    )
+    windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
+    return build_model(cfg.model, windows)
+
+
+def hub_cache(tmp_path, monkeypatch, repo: str) -> pathlib.Path:
+    """An empty snapshot of ``repo`` in a Hugging Face cache under ``tmp_path`` that the hub
+    client reads (offline, as the tests run)."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    revision = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    return folder / "snapshots" / revision
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_timesfm25_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
+    """The published layout loads, from a directory or the hub id's cached snapshot, reading
+    only model.safetensors and config.json: the pickle beside them never runs."""
+    marker = tmp_path / "ran"
+    hub_id = "google/timesfm-2.5-200m-pytorch"
+    if where == "hub":
+        timesfm25_directory(hub_cache(tmp_path, monkeypatch, hub_id), marker)
+        model = build_timesfm25(tmp_path, hub_id)
+        assert model.resolved_checkpoint.kind == "hub"
+    else:
+        model = build_timesfm25(tmp_path, str(timesfm25_directory(tmp_path / "handed", marker)))
+    assert not marker.exists()
+    published = load_file(TIMESFM25_FIXTURE / "model.safetensors")
+    loaded = model.network.state_dict()
+    assert loaded["stacked_xf.0.ff.ff0.weight"].equal(published["stacked_xf.0.ff0.weight"])
+    assert len(loaded) == len(published)
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_timesfm25_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, where
+):
+    marker = tmp_path / "ran"
+    hub_id = "google/timesfm-2.5-200m-pytorch"
+    if where == "hub":
+        directory = timesfm25_directory(hub_cache(tmp_path, monkeypatch, hub_id), marker)
+        checkpoint = hub_id
+    else:
+        directory = timesfm25_directory(tmp_path / "handed", marker)
+        checkpoint = str(directory)
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build_timesfm25(tmp_path, checkpoint)
+    assert not marker.exists()
+
+
+def test_timesfm25_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = timesfm25_directory(tmp_path / "handed", marker)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build_timesfm25(tmp_path, str(directory))
+    assert not marker.exists()
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 

@@ -68,6 +68,7 @@ SHIPPED = (
     "patchtst-mini",
     "time-moe-mini",
     "timesfm-mini",
+    "timesfm25-mini",
 )
 
 

@@ -51,6 +51,7 @@ CHECKPOINTS = {
     "patchtst": bundled("patchtst-mini"),
     "time_moe": bundled("time-moe-mini"),
     "timesfm": bundled("timesfm-mini"),
+    "timesfm25": bundled("timesfm25-mini"),
     "visionts": visionts_export,
 }
 #: the data's lengths a model's checkpoint is built for, where it fixes them
@@ -136,6 +137,15 @@ BAD_VALUES = {
         ("intermediate_size", 1_000_000_000),
         ("rms_norm_eps", math.inf),
         ("patch_length", ABSENT),
+    ],
+    "timesfm25": [
+        ("model_dims", "64"),
+        ("model_dims", 64.0),
+        ("num_heads", 0),
+        ("num_layers", 100_000_000),
+        ("hidden_dims", 1_000_000_000),
+        ("decode_index", 0),
+        ("input_patch_len", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),

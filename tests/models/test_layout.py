@@ -45,9 +45,16 @@ def _exported(body: list[ast.stmt]) -> list[str]:
 
 def test_the_layout_is_read_from_the_tree():
     assert len(MODULES) > 30
-    assert {"chronos", "lag_llama", "llm", "moirai", "time_moe", "totem", "visionts"} <= set(
-        SUBPACKAGES
-    )
+    assert {
+        "chronos",
+        "lag_llama",
+        "llm",
+        "moirai",
+        "time_moe",
+        "timesfm25",
+        "totem",
+        "visionts",
+    } <= set(SUBPACKAGES)
 
 
 def test_every_package_init_is_a_docstring_only():
