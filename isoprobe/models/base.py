@@ -253,6 +253,10 @@ class ForecastModule(L.LightningModule, ABC):
     #: the model's stacks of blocks, in the order it runs them (``("encoder", "decoder")``);
     #: :meth:`stack_blocks` gives each one's blocks
     stacks: tuple[str, ...]
+    #: whether its blocks mix positions by attention; a recurrent model's (TiRex's xLSTM) do
+    #: not: its :meth:`attention_weights` is ``{}``, and the measures of attention weights (the
+    #: ε-ranks of Q, K, V, O; compression) say they do not apply to it, by name
+    attends: bool = True
 
     @abstractmethod
     def embed_module(self) -> nn.Module:

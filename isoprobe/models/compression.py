@@ -156,6 +156,11 @@ def attention_matrices(
     (a ForecastModule) that ``attention`` (:data:`ATTENTION_CHOICES`) selects: its
     ``attention_weights()``, then, with ``all``, its ``cross_attention_weights()``."""
     check_attention_choice(attention)
+    if not getattr(model, "attends", True):
+        raise ValueError(
+            f"compressing attention does not apply to {type(model).__name__}: its blocks are "
+            "recurrent, with no attention projections to truncate"
+        )
     found = [(block, "self", parts) for block, parts in model.attention_weights().items()]
     if attention == "all":
         found += [

@@ -16,13 +16,27 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from isoprobe.metrics.registry import DRIFT, PAIR, WEIGHTS, WINDOWS, Measure
+from isoprobe.metrics.registry import (
+    DRIFT,
+    PAIR,
+    WEIGHTS,
+    WINDOWS,
+    Measure,
+    MetricInfo,
+    describe_metric,
+)
 from isoprobe.models.base import ATTENTION_PROJECTIONS, cross_name
 from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
 from isoprobe.probing.measurement import Measurement, Row
 
 #: the metric of a row that says why a layer, a block or a projection was not measured
 ERROR_METRIC = "error"
+#: the metric of a row that says a weights measure does not apply to the model (no attention)
+NOT_APPLICABLE = "not_applicable"
+#: the layer of that row: the model's weights as a whole
+WEIGHTS_LAYER = "weights"
+
+describe_metric(NOT_APPLICABLE, MetricInfo(bookkeeping=True))
 
 
 def token_groups(layers: Sequence[str]) -> dict[str, str]:
@@ -179,7 +193,9 @@ class WeightsMeasures(MeasureSet):
     projections q, k, v, o (the model's ``attention_weights()``; a decoder block's
     cross-attention, ``cross_attention_weights()``, as block ``<block>.cross``). A projection
     the measure cannot prepare (non-finite entries, an SVD that does not converge) gets an
-    ``error`` row naming it and is left out; a probe never stops a run."""
+    ``error`` row naming it and is left out; a probe never stops a run. A model without
+    attention (``attends`` false: recurrent blocks) gets one ``not_applicable`` row per measure
+    and probe, its note naming the measure and the model."""
 
     reads_tokens = False
 
@@ -190,11 +206,23 @@ class WeightsMeasures(MeasureSet):
     def measure(self, inputs: ProbeInputs) -> Measurement:
         rows: list[Row] = []
         for measure, params in self.measures:
+            if not getattr(inputs.model, "attends", True):
+                rows.append(not_applicable(measure, inputs.model))
+                continue
             prepared = prepared_projections(measure, inputs.model, inputs.when.title, rows)
             for block, projections in prepared.items():
                 values = measure(projections, params=params)
                 rows += [Row(block, key, value) for key, value in values.items()]
         return Measurement(rows)
+
+
+def not_applicable(measure: Measure, model: LightningModule) -> Row:
+    """The row that says ``measure`` of attention weights does not apply to ``model``."""
+    note = (
+        f"{measure.name} does not apply to {type(model).__name__}: its blocks are recurrent, "
+        "with no attention projections"
+    )
+    return Row(WEIGHTS_LAYER, NOT_APPLICABLE, math.nan, note)
 
 
 def prepared_projections(

@@ -47,7 +47,7 @@ from isoprobe.metrics.rank import (
 )
 from isoprobe.metrics.registry import MEASURES
 from isoprobe.models.base import ATTENTION_PROJECTIONS, CROSS_SUFFIX
-from isoprobe.probing.measure_kinds import ERROR_METRIC, prepared_projections
+from isoprobe.probing.measure_kinds import ERROR_METRIC, not_applicable, prepared_projections
 from isoprobe.probing.measure_set import MeasureSet, ProbeInputs
 from isoprobe.probing.measurement import Measurement, Row
 from isoprobe.probing.plots import save_flow_of_ranks, save_spectra
@@ -105,7 +105,9 @@ class RankMeasures(MeasureSet):
             ]
         weight_spectra: dict[str, dict[str, Tensor]] = {}
         cross_spectra: dict[str, dict[str, Tensor]] = {}
-        if self.weights:
+        if self.weights and not getattr(pl_module, "attends", True):
+            rows.append(not_applicable(MEASURES["attention_rank"], pl_module))
+        elif self.weights:
             # the registered weights measure, on the singular values it prepares, which the
             # pictures draw too
             measure = MEASURES["attention_rank"]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 
 import lightning as L
+import pytest
 import torch
 from probe_toy import ToyData, ToyForecaster
 
 from isoprobe.metrics import reference
 from isoprobe.metrics.rank import rank_metric
+from isoprobe.models.compression import attention_matrices
 from isoprobe.probing import ProbeCallback
 
 PROBE_SET = dict(num_windows=8, batch_size=3, max_tokens=60, seed=3)
@@ -68,3 +70,39 @@ def test_diverged_tokens_and_weights_give_error_rows_and_the_rest_is_measured(tm
     isotropy = probe.records_of("isotropy")
     assert {r["metric"] for r in isotropy if r["layer"] == "encoder.1"} == {"error"}
     assert (tmp_path / "flow_of_ranks" / "epoch0.png").is_file()
+
+
+class RecurrentToy(ToyForecaster):
+    """The toy model declared without attention, as a recurrent model (TiRex) is."""
+
+    attends = False
+
+    def attention_weights(self) -> dict:
+        return {}
+
+
+def test_the_weight_ranks_of_a_model_without_attention_say_they_do_not_apply():
+    L.seed_everything(0)
+    probe = ProbeCallback(measures=["rank"], **PROBE_SET)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        callbacks=[probe],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.validate(RecurrentToy(), datamodule=ToyData(), verbose=False)
+    rows = _by_key(probe.records_of("rank"))
+    row = rows[("weights", "not_applicable")]
+    assert math.isnan(row["value"])
+    assert row["note"] == (
+        "attention_rank does not apply to RecurrentToy: its blocks are recurrent, with no "
+        "attention projections"
+    )
+    assert not any(metric.startswith("rank_q") for _, metric in rows)
+    assert ("encoder.1", rank_metric(0.01)) in rows  # the ranks of its tokens still are
+
+
+def test_compressing_a_model_without_attention_is_refused_by_name():
+    with pytest.raises(ValueError, match="compressing attention does not apply to RecurrentToy"):
+        attention_matrices(RecurrentToy())
