@@ -67,6 +67,24 @@ def probes(out_dir: Path) -> list:
     ]
 
 
+#: a second probe callback, on a schedule in steps: every 3 of the 4 steps an epoch (steps 0, 3
+#: and 6, the probe at step 3 in mid-epoch), its files named ``steps_*``
+STEP_PROBE = "steps"
+EVERY_N_STEPS = 3
+
+
+def step_probe(out_dir: Path) -> ProbeCallback:
+    """The isotropy measures every :data:`EVERY_N_STEPS` optimizer steps."""
+    return ProbeCallback(
+        measures=["isotropy"],
+        isotropy={"metrics": PROBE["metrics"]},
+        name=STEP_PROBE,
+        every_n_steps=EVERY_N_STEPS,
+        output_dir=str(out_dir),
+        **PROBE_SET,
+    )
+
+
 def record_writers(out_dir: Path) -> None:
     """Make the probe note in OUT_DIR/writers.txt which rank writes each window-means
     file (the writing itself unchanged)."""
@@ -91,7 +109,7 @@ def main(out_dir: Path, devices: int) -> None:
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         max_epochs=EPOCHS,
-        callbacks=probes(out_dir),
+        callbacks=[*probes(out_dir), step_probe(out_dir)],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

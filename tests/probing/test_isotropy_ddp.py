@@ -12,13 +12,15 @@ import lightning as L
 import pandas as pd
 import pytest
 import torch
-from ddp_probe_run import EPOCHS, datamodule, probes
+from ddp_probe_run import EPOCHS, STEP_PROBE, datamodule, probes
 from probe_toy import ToyForecaster
 
 from isoprobe.probing.window_means import DIRECTORY, FILES, read_window_means
 
 SCRIPT = Path(__file__).with_name("ddp_probe_run.py")
 RECORDS = ("probe_metrics.csv", "rank_metrics.csv")
+#: the step-scheduled probe's records (ddp_probe_run.step_probe)
+STEP_RECORDS = f"{STEP_PROBE}_probe_metrics.csv"
 
 
 def _fit(out_dir: Path, devices: int) -> dict[str, pd.DataFrame]:
@@ -31,7 +33,8 @@ def _fit(out_dir: Path, devices: int) -> dict[str, pd.DataFrame]:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {name: pd.read_csv(out_dir / name, float_precision="round_trip") for name in RECORDS}
+    names = (*RECORDS, STEP_RECORDS)
+    return {name: pd.read_csv(out_dir / name, float_precision="round_trip") for name in names}
 
 
 def _one_process_probe(weights: dict, out_dir: Path) -> dict[str, pd.DataFrame]:
@@ -63,6 +66,12 @@ def _epoch(df: pd.DataFrame, epoch: int) -> pd.DataFrame:
 @pytest.mark.slow
 def test_ddp_two_processes_equal_one_process(tmp_path: Path) -> None:
     ddp = _fit(tmp_path / "ddp", devices=2)
+    by_steps = ddp.pop(STEP_RECORDS)
+    assert by_steps.groupby("global_step").epoch.unique().map(list).to_dict() == {
+        0: [0],
+        3: [0],
+        6: [1],
+    }
     for records in ddp.values():
         assert sorted(records["epoch"].unique()) == list(range(EPOCHS + 1))
         assert (records["metric"] != "error").all()
@@ -94,6 +103,13 @@ def test_ddp_two_processes_equal_one_process(tmp_path: Path) -> None:
     # the same order as one process), DDP averages the gradients: one process's weights and probe
     # numbers after every epoch, up to float32 summation order
     one = _fit(tmp_path / "one", devices=1)
+    # the schedule in steps: the same probes, step for step, as one process
+    pd.testing.assert_frame_equal(
+        by_steps.fillna({"note": ""}),
+        one.pop(STEP_RECORDS).fillna({"note": ""}),
+        rtol=1e-4,
+        atol=1e-6,
+    )
     trained = torch.load(tmp_path / "ddp" / "final.pt", weights_only=True)
     reference = torch.load(tmp_path / "one" / "final.pt", weights_only=True)
     assert trained.keys() == reference.keys()

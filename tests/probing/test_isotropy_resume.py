@@ -79,3 +79,47 @@ def test_resume_continues_the_trajectory_once_and_equals_an_uninterrupted_run(tm
     (aside,) = full_dir.glob("probe_metrics.replaced-*.csv")
     pd.testing.assert_frame_equal(_csv(aside), full, check_exact=True)
     pd.testing.assert_frame_equal(_csv(full_dir / "probe_metrics.csv"), full, check_exact=True)
+
+
+def test_resume_on_a_schedule_in_steps_continues_by_step_and_equals_an_uninterrupted_run(tmp_path):
+    """Every 3 steps over 4 batches an epoch: steps 0 and 3 in the first epoch, 6 after resume
+    (the probe at step 3 labelled epoch 0, at 6 epoch 1), keyed and compared by step."""
+    key = ["global_step", "layer", "metric"]
+
+    def fit(out_dir: Path, max_epochs: int, ckpt_path: Path | None = None) -> pd.DataFrame:
+        L.seed_everything(0)
+        probe = isotropy_probe(
+            num_windows=8,
+            batch_size=3,
+            max_tokens=60,
+            metrics={"k_max": 4},
+            output_dir=str(out_dir),
+            pca_layers=[],
+            every_n_steps=3,
+        )
+        checkpoints = ModelCheckpoint(dirpath=out_dir / "ckpt", save_last=True)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_epochs=max_epochs,
+            callbacks=[probe, checkpoints],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(ToyForecaster(), datamodule=ToyData(), ckpt_path=ckpt_path)
+        frame = pd.read_csv(out_dir / "probe_metrics.csv", float_precision="round_trip")
+        return frame.sort_values(key, kind="stable").reset_index(drop=True)
+
+    first = fit(tmp_path / "first", max_epochs=1)
+    assert sorted(first["global_step"].unique()) == [0, 3]
+    full = fit(tmp_path / "full", max_epochs=2)
+    assert full.groupby("global_step").epoch.unique().map(list).to_dict() == {
+        0: [0],
+        3: [0],
+        6: [1],
+    }
+    resumed = fit(tmp_path / "first", 2, ckpt_path=tmp_path / "first" / "ckpt" / "last.ckpt")
+    assert not resumed.duplicated(key).any()
+    pd.testing.assert_frame_equal(resumed, full, check_exact=True)
