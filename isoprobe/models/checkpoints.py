@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import HFValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -137,6 +138,14 @@ def resolve_checkpoint(checkpoint: str, hub_id: str, bundled_name: str) -> Resol
         "network, which is unreachable (and it is not in the Hugging Face cache). Use "
         "model.checkpoint=bundled to run offline, or a local copy: model.checkpoint=/path/to/dir."
     )
+
+
+def checkpoint_file(source: ResolvedCheckpoint, filename: str) -> Path:
+    """``filename`` of a resolved checkpoint: in its local directory (``path``, ``bundled``),
+    or of its hub repository (downloaded, or from the cache)."""
+    if source.kind in ("path", "bundled"):
+        return Path(source.location) / filename
+    return Path(hf_hub_download(source.location, filename))
 
 
 def pickled_weights_error(source: str, err: pickle.UnpicklingError) -> CheckpointError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import pickle
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -44,7 +44,7 @@ def _is_gluonts(module: str, name: str) -> bool:
 checkpoint_pickle = allow_list_pickle(_ALLOWED_GLOBALS, _is_gluonts, "the checkpoint")
 
 
-def load_official_checkpoint(path: str) -> tuple[dict, dict]:
+def load_official_checkpoint(path: str | Path) -> tuple[dict, dict]:
     """Architecture and weights from an official Lightning ``.ckpt``: its
     ``hyper_parameters["model_kwargs"]`` and its ``state_dict`` without the ``model.`` prefix.
 

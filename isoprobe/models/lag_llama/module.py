@@ -36,6 +36,7 @@ from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     resolve_checkpoint,
@@ -126,9 +127,7 @@ class LagLlamaModule(ForecastModule):
             return config, None
         directory = Path(resolved.location)
         if resolved.kind == "hub":
-            from huggingface_hub import hf_hub_download
-
-            return load_official_checkpoint(hf_hub_download(resolved.location, "lag-llama.ckpt"))
+            return load_official_checkpoint(checkpoint_file(resolved, "lag-llama.ckpt"))
         config = read_json_config(directory / "config.json")
         check_config(config, SCHEMA, str(directory / "config.json"))
         return config, read_safetensors(directory / "model.safetensors")

@@ -15,6 +15,7 @@ from torch import Tensor
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -79,9 +80,7 @@ def _fetch(source: ResolvedCheckpoint, filename: str) -> str:
                 "written by MoiraiModule.save_pretrained (config.json + model.safetensors)."
             )
         return str(path)
-    from huggingface_hub import hf_hub_download
-
-    return hf_hub_download(source.location, filename)
+    return str(checkpoint_file(source, filename))
 
 
 def parameter_count(config: Mapping[str, Any]) -> int:

@@ -10,13 +10,13 @@ with its shape, and nothing else."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
     check_weights_fit,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -27,23 +27,14 @@ from isoprobe.models.time_moe.network import TimeMoeNetwork
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
 
-def _fetch(source: ResolvedCheckpoint, filename: str) -> Path:
-    """A file of a local directory, or of a hub repository (downloaded or from the cache)."""
-    if source.kind in ("path", "bundled"):
-        return Path(source.location) / filename
-    from huggingface_hub import hf_hub_download
-
-    return Path(hf_hub_download(source.location, filename))
-
-
 def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> TimeMoeNetwork:
     """The network of ``model.checkpoint`` (see the module docstring), in train mode."""
     if resolved.kind == "scratch":
         return TimeMoeNetwork(shape_from_fields(scratch_shape(scratch), "model.sizes"))
     source = resolved.location
-    config = read_json_config(_fetch(resolved, CONFIG_NAME))
+    config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
     network = TimeMoeNetwork(shape_from_config(config, source))
-    weights = read_safetensors(_fetch(resolved, WEIGHTS_NAME))
+    weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
     expected = network.state_dict()
     mismatched = [
         (name, tuple(weights[name].shape), tuple(tensor.shape))

@@ -10,7 +10,6 @@ needs must be there with its shape, and nothing else; weights of another dtype b
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -18,6 +17,7 @@ from torch import Tensor
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -26,15 +26,6 @@ from isoprobe.models.timesfm25.config import LOADS, shape_from_config, shape_fro
 from isoprobe.models.timesfm25.network import TimesFm25Network, isoprobe_name
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-
-
-def _fetch(source: ResolvedCheckpoint, filename: str) -> Path:
-    """A file of a local directory, or of a hub repository (downloaded or from the cache)."""
-    if source.kind in ("path", "bundled"):
-        return Path(source.location) / filename
-    from huggingface_hub import hf_hub_download
-
-    return Path(hf_hub_download(source.location, filename))
 
 
 def load_network(
@@ -48,10 +39,10 @@ def load_network(
     if resolved.kind == "scratch":
         return TimesFm25Network(shape_from_fields(scratch_shape(scratch), "model.sizes"))
     source = resolved.location
-    config = read_json_config(_fetch(resolved, CONFIG_NAME))
+    config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
     shape, where = shape_from_config(config, published, source)
     network = TimesFm25Network(shape)
-    published_weights = read_safetensors(_fetch(resolved, WEIGHTS_NAME))
+    published_weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
     weights = {isoprobe_name(name): tensor for name, tensor in published_weights.items()}
     _check_fit(weights, network.state_dict(), f"the weights in {source}", where)
     not_floats = sorted(name for name, tensor in weights.items() if not tensor.is_floating_point())
