@@ -118,6 +118,8 @@ What the contract requires of these methods (each point a test of the contract):
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -183,6 +185,7 @@ CROSS_SUFFIX = ".cross"
 #: the layer types LoRA adapts (GPT-2's projections are transformers' Conv1D, ``y = x W + b``)
 LINEAR_TYPES = (nn.Linear, Conv1D)
 #: constructor arguments that are code, not settings: kept out of the saved hyperparameters
+log = logging.getLogger(__name__)
 _NOT_HYPERPARAMETERS = ("optimizer", "scheduler")
 
 
@@ -204,6 +207,16 @@ class ForecastModule(L.LightningModule, ABC):
         quantile_levels: the levels forecasts and WQL use.
         forecast_on_validation: also forecast (not just compute the loss) on validation batches,
             so that ``val/nmse``, ``val/mase`` and ``val/wql`` are logged every epoch.
+        compile: train with :meth:`loss` compiled by ``torch.compile`` (its forward and, through
+            AOTAutograd, its backward); the probe, validation, forecasts and every other caller
+            of the modules run them eagerly, hooks and all. Not with the isotropy regulariser,
+            which reads the blocks' outputs through forward hooks a compiled step does not run.
+        compile_backend: ``torch.compile``'s backend (``inductor``, the default: generated
+            kernels; ``eager``: the same captured graphs run by eager kernels, for checks).
+
+    Attributes:
+        compile_seconds: with ``compile``, the wall time of the first compiled training step,
+            compilation included (None before it, and without ``compile``).
     """
 
     def __init__(
@@ -216,6 +229,8 @@ class ForecastModule(L.LightningModule, ABC):
         freq: str | None = None,
         quantile_levels: Sequence[float] = DEFAULT_QUANTILES,
         forecast_on_validation: bool = True,
+        compile: bool = False,
+        compile_backend: str = "inductor",
     ) -> None:
         super().__init__()
         # every constructor argument of the wrapper and of this base, in the checkpoint's
@@ -234,6 +249,10 @@ class ForecastModule(L.LightningModule, ABC):
         #: an :class:`~isoprobe.models.regularizer.IsotropyRegularizer` the run attaches
         #: (``regularizer=isotropy``), or None
         self.regularizer = None
+        self.compile_training = bool(compile)
+        self.compile_backend = str(compile_backend)
+        self.compile_seconds: float | None = None
+        self._compiled_loss: Callable[[Batch], Tensor] | None = None
 
     @abstractmethod
     def loss(self, batch: Batch) -> Tensor:
@@ -440,7 +459,7 @@ class ForecastModule(L.LightningModule, ABC):
         size = batch["context"].shape[0]
         regularizer = self.regularizer
         if regularizer is None:
-            loss = self.loss(batch)
+            loss = self._training_loss(batch)
         else:
             with regularizer.capture(self) as captured:
                 loss = self.loss(batch)
@@ -448,6 +467,33 @@ class ForecastModule(L.LightningModule, ABC):
             self.log("train/reg", penalty, prog_bar=True, batch_size=size)
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
         return loss if regularizer is None else loss + regularizer.weight * penalty
+
+    def _training_loss(self, batch: Batch) -> Tensor:
+        """:meth:`loss`, compiled on first use where ``compile`` asks for it (the first call's
+        wall time, compilation included, kept as :attr:`compile_seconds` and logged)."""
+        if not self.compile_training:
+            return self.loss(batch)
+        if self._compiled_loss is not None:
+            return self._compiled_loss(batch)
+        self._compiled_loss = torch.compile(self.loss, backend=self.compile_backend)
+        started = time.perf_counter()
+        loss = self._compiled_loss(batch)
+        self.compile_seconds = time.perf_counter() - started
+        log.info(
+            "model.compile: the first training step took %.1f s, compiling %s's loss (%s)",
+            self.compile_seconds,
+            type(self).__name__,
+            self.compile_backend,
+        )
+        return loss
+
+    def on_fit_start(self) -> None:
+        if self.compile_training and self.regularizer is not None:
+            raise ValueError(
+                "model.compile=true with the isotropy regulariser: the regulariser reads the "
+                "blocks' outputs through forward hooks, which a compiled training step does not "
+                "run. Turn one off (model.compile=false, or regularizer=none)."
+            )
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         loss = self.loss(batch)

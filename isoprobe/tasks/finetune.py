@@ -29,6 +29,8 @@ def run_finetune(
             results["before"] = run_identity.before
     with frozen_modules_expected(model):
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    if model.compile_seconds is not None:
+        results["compile_seconds"] = model.compile_seconds
     if cfg.task.evaluate_after:
         results["after"] = trainer.test(model, datamodule=datamodule, verbose=False)[0]
     return results
