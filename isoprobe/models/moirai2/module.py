@@ -30,9 +30,12 @@ as Moirai 2.0's decoder-only multi-token training, every patch that is not paddi
 the ``num_predict_token`` patches after it (context, then target) in one pass over the context,
 in the window's standardised units, so the loss reads the tokens the probe reads.
 
-uni2ts' ``predict`` fills missing values by a causal mean before its module sees them (and
-writes 0 into the caller's arrays); isoprobe hands the module every missing step as what it is
-(0, unobserved) and never writes into the batch.
+uni2ts' ``predict`` runs its ``CausalMeanImputation`` on the caller's own arrays, which (as
+released, on a [T, 1] view) sets every missing value to 0 in place: its module sees 0,
+unobserved, as here, but the caller's NaN are gone, and a leading run of NaN is a run of
+unobserved zeros rather than padding. isoprobe hands the module the same 0, unobserved, never
+writes into the batch, and packs a leading run of NaN as the padding ``forward``'s
+``past_is_pad`` marks.
 """
 
 from __future__ import annotations
