@@ -78,7 +78,7 @@ def parameter_count(config: Mapping[str, Any]) -> int:
 
 
 #: config.json's keys, checked before anything is built (``quantile_levels``, a list of levels,
-#: and ``scaling``, a boolean, by :func:`_check_buildable`)
+#: by :func:`_check_buildable`)
 SCHEMA = ConfigSchema(
     model="Moirai 2.0",
     keys=(
@@ -116,8 +116,7 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> Moirai2Shape:
 
 
 def _check_buildable(shape: Moirai2Shape, source: str) -> None:
-    """Refuse, naming every field at fault and ``source``, a shape the network cannot be."""
-    problems = []
+    """Refuse, naming the field and ``source``, quantile levels the head cannot have."""
     levels = shape.quantile_levels
     if not (
         isinstance(levels, list)
@@ -126,12 +125,9 @@ def _check_buildable(shape: Moirai2Shape, source: str) -> None:
         and all(0 < q < 1 for q in levels)
         and levels == sorted(set(levels))
     ):
-        problems.append(f"quantile_levels={levels!r} is not a rising list of levels in (0, 1)")
-    if not isinstance(shape.scaling, bool):
-        problems.append(f"scaling={shape.scaling!r} is not true or false")
-    if problems:
         raise CheckpointError(
-            f"{source}: isoprobe cannot build this Moirai 2.0: {'; '.join(problems)}. {LOADS}"
+            f"{source}: isoprobe cannot build this Moirai 2.0: quantile_levels={levels!r} is not "
+            f"a rising list of levels in (0, 1). {LOADS}"
         )
 
 
