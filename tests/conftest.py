@@ -85,6 +85,11 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_layers=2",
         "model.sizes.mini.num_heads=2",
     ],
+    "moirai2": [
+        "model.sizes.mini.d_model=64",
+        "model.sizes.mini.d_ff=32",
+        "model.sizes.mini.num_layers=2",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

@@ -508,6 +508,95 @@ def test_timesfm25_directory_with_pickled_weights_only_is_refused_and_runs_nothi
     assert not marker.exists()
 
 
+# -- Moirai 2.0: model.safetensors beside Moirai2Module's config.json, a directory or the hub --
+
+MOIRAI2_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "moirai2"
+MOIRAI2_HUB_ID = "Salesforce/moirai-2.0-R-small"
+
+
+def moirai2_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    """The parity fixture in the published layout (config.json, model.safetensors), with a
+    pickled ``pytorch_model.bin`` payload beside them."""
+    directory.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(MOIRAI2_FIXTURE / name, directory / name)
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    return directory
+
+
+def moirai2_checkpoint(tmp_path, monkeypatch, where: str, marker: pathlib.Path):
+    """(directory, model.checkpoint) of a payload directory handed as a path or as the hub
+    id's cached snapshot."""
+    if where == "hub":
+        return moirai2_directory(hub_cache(tmp_path, monkeypatch, MOIRAI2_HUB_ID), marker), (
+            MOIRAI2_HUB_ID
+        )
+    directory = moirai2_directory(tmp_path / "handed", marker)
+    return directory, str(directory)
+
+
+def build_moirai2(tmp_path, checkpoint: str):
+    cfg = compose_config(tmp_path, ["model=moirai2", f"model.checkpoint={checkpoint}"])
+    windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
+    return build_model(cfg.model, windows)
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_moirai2_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
+    """The published layout loads, reading only model.safetensors and config.json: the
+    pickle beside them never runs."""
+    marker = tmp_path / "ran"
+    _, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
+    model = build_moirai2(tmp_path, checkpoint)
+    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
+    assert not marker.exists()
+    published = load_file(MOIRAI2_FIXTURE / "model.safetensors")
+    loaded = model.network.state_dict()
+    assert loaded["encoder.layers.0.ffn.fc1.weight"].equal(
+        published["encoder.layers.0.ffn.fc1.weight"].float()
+    )
+    assert len(loaded) == len(published)
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_moirai2_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, where
+):
+    marker = tmp_path / "ran"
+    directory, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build_moirai2(tmp_path, checkpoint)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_moirai2_config_naming_code_is_refused_and_runs_nothing(tmp_path, monkeypatch, where):
+    """A config.json that names a callable (Hydra's ``_target_``) and asks for remote code
+    (``auto_map``) beside a module that would create the marker: refused by its keys."""
+    marker = tmp_path / "ran"
+    directory, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
+    config = json.loads((directory / "config.json").read_text())
+    config["_target_"] = f"{touch_marker.__module__}.{touch_marker.__name__}"
+    config["auto_map"] = {"AutoModel": "modeling_handed.Handed"}
+    (directory / "config.json").write_text(json.dumps(config))
+    (directory / "modeling_handed.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+    )
+    with pytest.raises(CheckpointError, match=r"unexpected keys \['_target_', 'auto_map'\]"):
+        build_moirai2(tmp_path, checkpoint)
+    assert not marker.exists()
+
+
+def test_moirai2_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = moirai2_directory(tmp_path / "handed", marker)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build_moirai2(tmp_path, str(directory))
+    assert not marker.exists()
+
+
 # -- models read through transformers ---------------------------------------------------------
 
 

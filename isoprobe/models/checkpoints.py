@@ -66,6 +66,7 @@ SHIPPED = (
     "lag-llama-mini",
     "llm-gpt2-mini",
     "moirai-mini",
+    "moirai2-mini",
     "patchtst-mini",
     "time-moe-mini",
     "timesfm-mini",

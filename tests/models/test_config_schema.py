@@ -48,6 +48,7 @@ CHECKPOINTS = {
     "lag_llama": bundled("lag-llama-mini"),
     "llm": bundled("llm-gpt2-mini"),
     "moirai": bundled("moirai-mini"),
+    "moirai2": bundled("moirai2-mini"),
     "patchtst": bundled("patchtst-mini"),
     "time_moe": bundled("time-moe-mini"),
     "timesfm": bundled("timesfm-mini"),
@@ -137,6 +138,15 @@ BAD_VALUES = {
         ("intermediate_size", 1_000_000_000),
         ("rms_norm_eps", math.inf),
         ("patch_length", ABSENT),
+    ],
+    "moirai2": [
+        ("d_model", "128"),
+        ("d_model", 128.0),
+        ("num_layers", 100_000_000),
+        ("d_ff", 1_000_000_000),
+        ("patch_size", 0),
+        ("dropout_p", math.nan),
+        ("d_model", ABSENT),
     ],
     "timesfm25": [
         ("model_dims", "64"),

@@ -50,6 +50,7 @@ def test_the_layout_is_read_from_the_tree():
         "lag_llama",
         "llm",
         "moirai",
+        "moirai2",
         "time_moe",
         "timesfm25",
         "totem",

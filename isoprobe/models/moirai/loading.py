@@ -117,8 +117,9 @@ def _module_fields(source: str, config: Mapping[str, Any]) -> dict[str, Any]:
     accepted = set(inspect.signature(MoiraiModule.__init__).parameters) - {"self"}
     if "num_predict_token" in config or "quantile_levels" in config:
         raise CheckpointError(
-            f"{source} is a Moirai 2.0 checkpoint (a quantile decoder): model=moirai loads "
-            "Moirai 1.0-R / 1.1-R checkpoints such as Salesforce/moirai-1.1-R-small."
+            f"{source} is a Moirai 2.0 checkpoint (a quantile decoder): load it with "
+            "model=moirai2; model=moirai loads Moirai 1.0-R / 1.1-R checkpoints such as "
+            "Salesforce/moirai-1.1-R-small."
         )
     unknown = sorted(set(config) - accepted)
     if unknown or "distr_output" not in config:

@@ -1,0 +1,2 @@
+"""Moirai 2.0 (Salesforce, 2025): the LightningModule (:mod:`.module`), isoprobe's own network
+(:mod:`.network`), its architecture as data (:mod:`.config`) and its weights (:mod:`.loading`)."""
