@@ -11,7 +11,6 @@ dtype become float32.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -19,6 +18,7 @@ from torch import Tensor
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -29,24 +29,15 @@ from isoprobe.models.moirai2.network import Moirai2Network
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
 
-def _fetch(source: ResolvedCheckpoint, filename: str) -> Path:
-    """A file of a local directory, or of a hub repository (downloaded or from the cache)."""
-    if source.kind in ("path", "bundled"):
-        return Path(source.location) / filename
-    from huggingface_hub import hf_hub_download
-
-    return Path(hf_hub_download(source.location, filename))
-
-
 def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> Moirai2Network:
     """The network of ``model.checkpoint`` in train mode: ``scratch`` builds the scratch
     fields; a checkpoint builds its config.json's shape and loads its weights."""
     if resolved.kind == "scratch":
         return Moirai2Network(shape_from_fields(scratch_shape(scratch), "model.sizes"))
     source = resolved.location
-    config = read_json_config(_fetch(resolved, CONFIG_NAME))
+    config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
     network = Moirai2Network(shape_from_fields(config, f"{source}/config.json"))
-    weights = read_safetensors(_fetch(resolved, WEIGHTS_NAME))
+    weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
     _check_fit(weights, network.state_dict(), source)
     not_floats = sorted(name for name, tensor in weights.items() if not tensor.is_floating_point())
     if not_floats:
