@@ -33,8 +33,13 @@ from the same init on the same batches (both forecasting in float32; the mean ov
 ``EVAL_SEEDS`` seeds), beside float32's own seed-to-seed spread, the Monte-Carlo noise a sampled
 model's difference is read against.
 
+Compiled training (``--compile``): isoprobe also runs in float32 with ``model.compile=true``
+(the loss compiled by ``torch.compile``, inductor) each round, printed twice: compile time
+excluded (the timed steps after the warm-up, whose first step compiles) and included (every
+step from the start of training, the first one's compilation with it).
+
 Run: ``.venv/bin/python bench/train_throughput.py [--models chronos chronos2 --steps 8
---warmup 2 --rounds 2 --precisions 32-true bf16-mixed]``.
+--warmup 2 --rounds 2 --precisions 32-true bf16-mixed --compile]``.
 """
 
 from __future__ import annotations
@@ -97,6 +102,14 @@ class StepClock:
 class LightningClock(Callback, StepClock):
     def __init__(self) -> None:
         StepClock.__init__(self)
+        self.start = 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start = time.perf_counter()
+
+    def samples_per_second_from_start(self, batch: int) -> float:
+        """Every step from the start of training, the first one's compilation included."""
+        return len(self.ends) * batch / (self.ends[-1] - self.start)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.ends.append(time.perf_counter())
@@ -156,6 +169,15 @@ def bf16_supported() -> bool:
 def isoprobe_throughput(
     model, datamodule, steps: int, warmup: int, precision: str = EXACT
 ) -> float:
+    return isoprobe_clock(model, datamodule, steps, warmup, precision).samples_per_second(
+        warmup, datamodule.batch_size
+    )
+
+
+def isoprobe_clock(
+    model, datamodule, steps: int, warmup: int, precision: str = EXACT
+) -> LightningClock:
+    """The step clock of ``steps + warmup`` training steps of ``model`` in Lightning."""
     clock = LightningClock()
     trainer = L.Trainer(
         accelerator="cpu",
@@ -170,7 +192,7 @@ def isoprobe_throughput(
         limit_val_batches=0,
     )
     trainer.fit(model, train_dataloaders=datamodule.train_dataloader())
-    return clock.samples_per_second(warmup, datamodule.batch_size)
+    return clock
 
 
 def chronos_reference_throughput(model, datamodule, steps: int, warmup: int, out: str):
@@ -251,8 +273,21 @@ def compare(name, shape, reference, weights, args, out, adapt: str = "full") -> 
         return model
 
     ref_runs, our_runs = [], {precision: [] for precision in args.precisions}
+    compiled_runs: list[tuple[float, float]] = []
     trained = {}
     for _ in range(args.rounds):
+        if args.compile:
+            L.seed_everything(cfg.seed)
+            model = fresh(adapt)
+            model.compile_training = True
+            clock = isoprobe_clock(model, datamodule, args.steps, args.warmup)
+            batch = datamodule.batch_size
+            compiled_runs.append(
+                (
+                    clock.samples_per_second(args.warmup, batch),
+                    clock.samples_per_second_from_start(batch),
+                )
+            )
         ref_runs.append(reference(fresh(), datamodule, args.steps, args.warmup, out))
         for precision, runs in our_runs.items():
             L.seed_everything(cfg.seed)  # the same batches and dropout draws for each precision
@@ -269,6 +304,13 @@ def compare(name, shape, reference, weights, args, out, adapt: str = "full") -> 
         print(
             f"  isoprobe {precision}: {ours:8.2f} samples/s, {ours / ref:.2f}x the reference "
             f"(target >= {target}x); rounds {[round(r, 2) for r in runs]}"
+        )
+    if compiled_runs:
+        excluded, included = (max(runs) for runs in zip(*compiled_runs, strict=True))
+        print(
+            f"  isoprobe {EXACT} compiled: {excluded:8.2f} samples/s compile excluded, "
+            f"{excluded / ref:.2f}x the reference; {included:8.2f} samples/s compile included "
+            f"({args.steps + args.warmup} steps), {included / ref:.2f}x"
         )
     print(
         f"  reference rounds {[round(r, 2) for r in ref_runs]}; best of {args.rounds} "
@@ -318,6 +360,11 @@ def main() -> None:
         nargs="+",
         default=[EXACT, "bf16-mixed"] if bf16_supported() else [EXACT],
         help="isoprobe's trainer.precision values, each timed every round",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time isoprobe in float32 with model.compile=true (inductor)",
     )
     args = parser.parse_args()
     print(
