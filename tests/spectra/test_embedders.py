@@ -92,6 +92,8 @@ def test_the_experiment_runs_end_to_end_on_tiny_settings(tmp_path):
                     "lag_llama",
                     "time_moe",
                     "visionts",
+                    "timesfm25",
+                    "moirai2",
                 )
             ],
             "embedding_spectra.per_family=2",
