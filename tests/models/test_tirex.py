@@ -8,9 +8,9 @@ differs: 1e-5 for the input layer and every block's output, 1e-5 for every token
 and 1e-4 for the forecast (three calls, in the batch's scale of values up to ~50). Largest
 differences measured (``pytest -s -k official`` prints them): input layer 0; block 0 1.4e-6,
 block 1 3.3e-6; every token's quantiles 2.5e-6; the 10-step forecast (three calls, the last
-with the window cut to ``train_ctx_len``) 1.4e-5, its median 6.7e-6. The package's own
-bfloat16 recurrence lies 0.28 from its float32 one on the same forecast (``forecast_bfloat16``
-in the fixture)."""
+with the window cut to ``train_ctx_len``) 1.4e-5, the same sorted per step (the forecast's
+quantiles), its median 7.6e-6. The package's own bfloat16 recurrence lies 0.28 from its float32
+one on the same forecast (``forecast_bfloat16`` in the fixture)."""
 
 from __future__ import annotations
 
@@ -143,9 +143,14 @@ def test_every_tokens_quantiles_match_the_official_code(tmp_path):
 
 def test_the_forecast_past_one_output_patch_matches_the_official_roll_out(tmp_path):
     model, batch, expected = fixture_model(tmp_path)
+    with torch.no_grad():
+        heads = model._roll_out(batch["context"])
+    assert largest_difference(heads, expected["forecast"], "forecast") <= FORECAST
+    # the forecast: the same quantiles sorted per step (random weights cross them)
+    ordered = np.sort(expected["forecast"], axis=1)
     forecast = model.forecast(batch)
-    assert largest_difference(forecast.quantiles, expected["forecast"], "forecast") <= FORECAST
-    median = expected["forecast"][:, LEVELS.index(0.5)]
+    assert largest_difference(forecast.quantiles, ordered, "sorted forecast") <= FORECAST
+    median = ordered[:, LEVELS.index(0.5)]
     assert largest_difference(forecast.median, median, "median") <= FORECAST
 
 

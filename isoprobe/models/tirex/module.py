@@ -12,9 +12,9 @@ flags. Every token's output is the quantiles of the patch after it.
 Forecasting is the official ``_forecast_tensor`` with one new patch a call: the last token's
 output is the next ``p`` steps; a longer horizon appends a patch of NaN (a masked token, not the
 forecast: TiRex was trained to continue its recurrence over missing patches) and calls again,
-the window re-cut to ``train_ctx_len``, until the horizon is covered. Quantiles at
-``self.quantile_levels`` are interpolated linearly between the model's levels; the median is
-the 0.5 level.
+the window re-cut to ``train_ctx_len``, until the horizon is covered. The quantiles are then
+sorted per step (the package leaves crossing ones as they are; sorting keeps them ordered) and
+interpolated linearly to ``self.quantile_levels``; the median is the 0.5 level.
 
 The package defines no training objective; the paper's is the quantile (pinball) loss of the
 output patches. The loss here: one pass over the window as read above followed by
@@ -167,16 +167,22 @@ class TirexModule(ForecastModule):
         terms = pinball(prediction, future.nan_to_num(0.0), levels) * observed
         return terms.sum() / observed.sum().clamp_min(1)
 
-    @torch.no_grad()
-    def forecast(self, batch: Batch) -> Forecast:
-        """The official roll-out (module docstring), interpolated to ``self.quantile_levels``."""
-        context = batch["context"]
+    def _roll_out(self, context: Tensor) -> Tensor:
+        """The official roll-out (module docstring): the model's quantiles [B, Q, H] in the
+        batch's scale, as the package returns them (unsorted)."""
         patch = self.shape.input_patch_size
         pieces = []
         for _ in range(math.ceil(self.prediction_length / patch)):
             pieces.append(self._next_patch(context))
             context = F.pad(context, (0, patch), value=math.nan)
-        heads = torch.cat(pieces, dim=-1)[..., : self.prediction_length]
+        return torch.cat(pieces, dim=-1)[..., : self.prediction_length]
+
+    @torch.no_grad()
+    def forecast(self, batch: Batch) -> Forecast:
+        """The roll-out's quantiles sorted per step (so that crossing ones still give ordered
+        quantiles), then interpolated linearly to ``self.quantile_levels``; the median is the
+        0.5 level of the same curve."""
+        heads = self._roll_out(batch["context"]).sort(dim=1).values
         weights = self.level_weights.to(heads.dtype)
         quantiles = torch.einsum("bgh,lg->blh", heads, weights)
         median = torch.einsum("bgh,g->bh", heads, self.median_weights.to(heads.dtype))
