@@ -44,7 +44,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from isoprobe.models.base import Batch, Forecast, ForecastModule
+from isoprobe.models.base import ATTENTION_PROJECTIONS, Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import ResolvedCheckpoint, resolve_checkpoint, scratch_fields
 from isoprobe.models.quantiles import register_level_weights
 from isoprobe.models.tirex.config import TirexShape, official_config
@@ -238,6 +238,14 @@ class TirexModule(ForecastModule):
     def feed_forward_modules(self) -> list[nn.Module]:
         """Every block's gated feed-forward."""
         return [block.ffn for block in self.network.blocks]
+
+    def lora_target_modules(
+        self, projections: Sequence[str] = ATTENTION_PROJECTIONS, feed_forward: bool = False
+    ) -> list[nn.Module]:
+        """TiRex has no attention projections, so ``model.adapt=lora`` adapts the linear layers
+        of every block's feed-forward (what ``model.lora.mlp=true`` adds for other models); the
+        sLSTM's headwise projections and recurrent kernel are no linear layers LoRA wraps."""
+        return super().lora_target_modules(projections, feed_forward=True)
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """model.safetensors with the published tensor names, and config.json with the shape."""
