@@ -41,9 +41,7 @@ CONFIG_NAME, WEIGHTS_NAME, PUBLISHED_NAME = "config.json", "model.safetensors", 
 
 #: what the published checkpoint's pickle may name: tensors and containers, nothing else
 checkpoint_pickle = allow_list_pickle(
-    {**TENSOR_GLOBALS, ("torch", "FloatStorage"): torch.FloatStorage},
-    lambda module, name: False,
-    "the TiRex checkpoint",
+    TENSOR_GLOBALS, lambda module, name: False, "the TiRex checkpoint"
 )
 
 
