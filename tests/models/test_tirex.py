@@ -200,10 +200,12 @@ def test_the_loss_is_the_pinball_loss_of_every_real_tokens_next_patch(tmp_path):
     assert loss == pytest.approx(expected, rel=1e-5)
 
 
-def test_the_published_checkpoint_loads_as_data_from_a_file(tmp_path):
+@pytest.mark.parametrize("given", ["file", "directory"])
+def test_the_published_checkpoint_loads_as_data_from_a_file_or_its_directory(tmp_path, given):
     path = published_file(tmp_path / "download" / "model.ckpt")
-    model = build(tmp_path, str(path), 30, 10)
+    model = build(tmp_path, str(path if given == "file" else path.parent), 30, 10)
     assert model.resolved_checkpoint.kind == "path"
+    assert model.resolved_checkpoint.location == str(path.resolve())
     loaded = model.network.state_dict()
     for name, tensor in published_weights().items():
         assert loaded[isoprobe_name(name)].equal(tensor), name

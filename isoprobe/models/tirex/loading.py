@@ -1,6 +1,7 @@
 """Where a TiRex network's weights come from: a scratch shape (``model.sizes``), an isoprobe
 export or the bundled mini (config.json + model.safetensors), or the published checkpoint
-(NX-AI/TiRex's ``model.ckpt``, a Lightning checkpoint: a hub id, or a path to the file).
+(NX-AI/TiRex's ``model.ckpt``, a Lightning checkpoint: a hub id, the file, or a directory holding
+it and no config.json).
 
 Only data is read. config.json with :func:`json.loads`, safetensors as such. The published
 ``model.ckpt`` is a pickle; it is read by an allow-list unpickler (the standard library's
@@ -45,9 +46,15 @@ checkpoint_pickle = allow_list_pickle(
 )
 
 
-def is_published_file(checkpoint: str) -> bool:
-    """Whether ``model.checkpoint`` names a published ``.ckpt`` file on disk."""
-    return checkpoint.endswith(".ckpt") and Path(checkpoint).expanduser().is_file()
+def published_file(checkpoint: str) -> Path | None:
+    """The published ``model.ckpt`` that ``model.checkpoint`` names, or None: the file itself,
+    or a directory holding it and no config.json (a download of NX-AI/TiRex)."""
+    path = Path(checkpoint).expanduser()
+    if path.suffix == ".ckpt" and path.is_file():
+        return path.resolve()
+    if (path / PUBLISHED_NAME).is_file() and not (path / CONFIG_NAME).is_file():
+        return (path / PUBLISHED_NAME).resolve()
+    return None
 
 
 def read_published(path: Path) -> tuple[TirexShape, dict[str, Tensor]]:
@@ -78,7 +85,7 @@ def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
         from huggingface_hub import hf_hub_download
 
         shape, weights = read_published(Path(hf_hub_download(source, PUBLISHED_NAME)))
-    elif is_published_file(source):
+    elif published_file(source) is not None:
         shape, weights = read_published(Path(source))
     else:
         config = read_json_config(Path(source) / CONFIG_NAME)

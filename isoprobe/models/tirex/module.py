@@ -48,7 +48,7 @@ from isoprobe.models.base import ATTENTION_PROJECTIONS, Batch, Forecast, Forecas
 from isoprobe.models.checkpoints import ResolvedCheckpoint, resolve_checkpoint, scratch_fields
 from isoprobe.models.quantiles import register_level_weights
 from isoprobe.models.tirex.config import TirexShape, official_config
-from isoprobe.models.tirex.loading import is_published_file, load_network
+from isoprobe.models.tirex.loading import load_network, published_file
 from isoprobe.models.tirex.network import TirexNetwork, official_name
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,9 @@ class TirexModule(ForecastModule):
     """TiRex fine-tuning/pretraining wrapper.
 
     Args:
-        checkpoint: ``bundled`` | ``auto`` | ``scratch`` | a local directory (an export) | a
-            path to the published ``model.ckpt`` | a hub id (NX-AI/TiRex).
+        checkpoint: ``bundled`` | ``auto`` | ``scratch`` | a local directory (an export, or a
+            download of NX-AI/TiRex holding ``model.ckpt``) | the published ``model.ckpt`` | a hub
+            id (NX-AI/TiRex).
         hub_id: the official checkpoint ``auto`` prefers when it is cached or reachable.
         bundled_name: folder of the shipped checkpoint under ``isoprobe/models/bundled``.
         size: which entry of ``sizes`` ``checkpoint=scratch`` builds.
@@ -107,9 +108,9 @@ class TirexModule(ForecastModule):
         **base: Any,
     ) -> None:
         super().__init__(**base)
-        if is_published_file(checkpoint):
-            path = str(Path(checkpoint).expanduser().resolve())
-            self.resolved_checkpoint = ResolvedCheckpoint("path", path, checkpoint)
+        published = published_file(checkpoint)
+        if published is not None:
+            self.resolved_checkpoint = ResolvedCheckpoint("path", str(published), checkpoint)
         else:
             self.resolved_checkpoint = resolve_checkpoint(checkpoint, hub_id, bundled_name)
         self.network: TirexNetwork = load_network(
