@@ -763,7 +763,7 @@ def test_tirex_published_checkpoint_loads_through_the_allow_list(tmp_path, monke
     assert model.shape.embedding_dim == 16
 
 
-@pytest.mark.parametrize("where", ["file", "hub"])
+@pytest.mark.parametrize("where", ["file", "directory", "hub"])
 def test_tirex_checkpoint_holding_a_payload_is_refused_and_runs_nothing(
     tmp_path, monkeypatch, where
 ):
@@ -773,7 +773,7 @@ def test_tirex_checkpoint_holding_a_payload_is_refused_and_runs_nothing(
         checkpoint = "NX-AI/TiRex"
     else:
         path = tirex_checkpoint(tmp_path / "handed" / "model.ckpt", loops=TouchOnLoad(marker))
-        checkpoint = str(path)
+        checkpoint = str(path if where == "file" else path.parent)
     with pytest.raises(CheckpointError, match=rf"cannot be loaded safely.*{REFUSED}"):
         build_tirex(tmp_path, checkpoint)
     assert not marker.exists()
