@@ -90,6 +90,13 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.d_ff=32",
         "model.sizes.mini.num_layers=2",
     ],
+    "tirex": [
+        "model.sizes.mini.embedding_dim=32",
+        "model.sizes.mini.num_heads=2",
+        "model.sizes.mini.num_blocks=2",
+        "model.sizes.mini.input_ff_dim=32",
+        "model.sizes.mini.train_ctx_len=128",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

@@ -809,3 +809,71 @@ def test_window_means_file_holding_a_pickle_is_refused_and_runs_nothing(tmp_path
     with pytest.raises(WindowMeansError, match=f"{re.escape(str(path))} is not a safetensors"):
         read_window_means(path)
     assert not marker.exists()
+
+
+# -- TiRex: the published model.ckpt (a pickle) through the allow-list; exports as safetensors --
+
+
+def tirex_checkpoint(path: pathlib.Path, **extra) -> pathlib.Path:
+    """The TiRex parity fixture as the published Lightning checkpoint (``model.ckpt``), with
+    ``extra`` entries beside its state_dict and hyper_parameters."""
+    from tests.models.test_tirex import hyper_parameters, published_weights
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint = {"state_dict": published_weights(), "hyper_parameters": hyper_parameters()}
+    torch.save({**checkpoint, **extra}, path)
+    return path
+
+
+def build_tirex(tmp_path, checkpoint: str):
+    cfg = compose_config(tmp_path, ["model=tirex", f"model.checkpoint={checkpoint}"])
+    windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
+    return build_model(cfg.model, windows)
+
+
+def tirex_hub_snapshot(tmp_path, monkeypatch) -> pathlib.Path:
+    """NX-AI/TiRex's cached snapshot (config.json, which the cache check reads, and the
+    checkpoint's place)."""
+    snapshot = hub_cache(tmp_path, monkeypatch, "NX-AI/TiRex")
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    return snapshot / "model.ckpt"
+
+
+@pytest.mark.parametrize("where", ["file", "hub"])
+def test_tirex_published_checkpoint_loads_through_the_allow_list(tmp_path, monkeypatch, where):
+    if where == "hub":
+        tirex_checkpoint(tirex_hub_snapshot(tmp_path, monkeypatch))
+        model = build_tirex(tmp_path, "NX-AI/TiRex")
+        assert model.resolved_checkpoint.kind == "hub"
+    else:
+        model = build_tirex(tmp_path, str(tirex_checkpoint(tmp_path / "handed" / "model.ckpt")))
+    assert model.network.out_norm.weight.isfinite().all()
+    assert model.shape.embedding_dim == 16
+
+
+@pytest.mark.parametrize("where", ["file", "directory", "hub"])
+def test_tirex_checkpoint_holding_a_payload_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, where
+):
+    marker = tmp_path / "ran"
+    if where == "hub":
+        tirex_checkpoint(tirex_hub_snapshot(tmp_path, monkeypatch), loops=TouchOnLoad(marker))
+        checkpoint = "NX-AI/TiRex"
+    else:
+        path = tirex_checkpoint(tmp_path / "handed" / "model.ckpt", loops=TouchOnLoad(marker))
+        checkpoint = str(path if where == "file" else path.parent)
+    with pytest.raises(CheckpointError, match=rf"cannot be loaded safely.*{REFUSED}"):
+        build_tirex(tmp_path, checkpoint)
+    assert not marker.exists()
+
+
+def test_tirex_export_whose_weights_file_is_a_pickle_is_refused_and_runs_nothing(tmp_path):
+    from tests.models.test_tirex import export_directory
+
+    marker = tmp_path / "ran"
+    directory = export_directory(tmp_path / "handed")
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build_tirex(tmp_path, str(directory))
+    assert not marker.exists()

@@ -71,6 +71,7 @@ SHIPPED = (
     "time-moe-mini",
     "timesfm-mini",
     "timesfm25-mini",
+    "tirex-mini",
 )
 
 

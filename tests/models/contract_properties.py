@@ -337,7 +337,11 @@ def check_input_modules(model: ForecastModule, batch: dict[str, Tensor]) -> None
 def block_module(model: ForecastModule, block: str) -> nn.Module:
     """The module that runs ``block`` (a name of :meth:`attention_weights`): the largest module
     holding that block's query weight and no other block's (a probed layer may be a tap after
-    the block, whose input is the block's output)."""
+    the block, whose input is the block's output). A model without attention has no query to
+    find it by: its block is the one :meth:`stack_blocks` lists under that name."""
+    if not model.attends:
+        layer = model.probe_layer_identities()[block]
+        return model.stack_blocks(layer.stack)[layer.index]
 
     def parameter(w: Tensor) -> Tensor:
         return w if w._base is None else w._base
@@ -353,7 +357,10 @@ def block_module(model: ForecastModule, block: str) -> nn.Module:
 
 
 def first_block(model: ForecastModule) -> nn.Module:
-    """The block ``embed`` feeds: the first of :meth:`attention_weights`' blocks."""
+    """The block ``embed`` feeds: the first of :meth:`attention_weights`' blocks (for a model
+    without attention, the first block of its first stack)."""
+    if not model.attends:
+        return model.stack_blocks(model.stacks[0])[0]
     return block_module(model, next(iter(model.attention_weights())))
 
 

@@ -53,6 +53,7 @@ CHECKPOINTS = {
     "time_moe": bundled("time-moe-mini"),
     "timesfm": bundled("timesfm-mini"),
     "timesfm25": bundled("timesfm25-mini"),
+    "tirex": bundled("tirex-mini"),
     "visionts": visionts_export,
 }
 #: the data's lengths a model's checkpoint is built for, where it fixes them
@@ -156,6 +157,15 @@ BAD_VALUES = {
         ("hidden_dims", 1_000_000_000),
         ("decode_index", 0),
         ("input_patch_len", ABSENT),
+    ],
+    "tirex": [
+        ("embedding_dim", "64"),
+        ("embedding_dim", 64.0),
+        ("num_heads", 0),
+        ("num_blocks", 100_000_000),
+        ("input_ff_dim", 1_000_000_000),
+        ("ffn_proj_factor", math.nan),
+        ("input_patch_size", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),

@@ -70,6 +70,11 @@ def seeded_forecast(model: ForecastModule, batch: dict[str, torch.Tensor]):
 @pytest.mark.parametrize("site", PROBE_SITES)
 def test_layers_masks_and_hooks(tmp_path, name, site):
     model = build(tmp_path, name)
+    if site == "attention" and not model.attends:
+        # a model without attention refuses the attention site, naming itself
+        with pytest.raises(ValueError, match=r"has no attention.*'attention' does not apply"):
+            model.probe_layers(site)
+        return
     layers = model.probe_layers(site)
     assert layers and len(set(layers)) == len(layers)
     own = {id(m) for m in model.modules()}
@@ -112,7 +117,11 @@ def test_every_model_declares_its_facts_and_its_layers_are_its_stacks(tmp_path, 
     assert model.stacks and all(isinstance(stack, str) for stack in model.stacks)
     for site in PROBE_SITES:
         identities = model.probe_layer_identities(site)
-        assert list(identities) == list(model.probe_layers(site)), site
+        if site == "attention" and not model.attends:
+            with pytest.raises(ValueError, match=r"has no attention"):
+                model.probe_layers(site)  # named, but no module runs them
+        else:
+            assert list(identities) == list(model.probe_layers(site)), site
         assert all(layer.name == n and layer.site == site for n, layer in identities.items())
     blocks = [layer for layer in model.probe_layer_identities().values() if layer.is_block]
     attention = list(model.probe_layer_identities("attention").values())
@@ -175,7 +184,7 @@ def test_attention_weights_are_the_parameters_the_blocks_apply(tmp_path, name):
     model = build(tmp_path, name)
     weights = model.attention_weights()
     blocks = [n for n in model.probe_layers("block") if n != "embed"]
-    assert list(weights) == blocks
+    assert list(weights) == (blocks if model.attends else [])
     parameters = {id(p) for p in model.parameters()}
     for block, parts in weights.items():
         assert tuple(parts) == ATTENTION_PROJECTIONS, block
@@ -429,7 +438,9 @@ def test_input_head_and_feed_forward_modules_are_the_models_own_and_no_attention
         parameters = [p for m in modules for p in m.parameters()]
         assert modules and all(id(m) in own for m in modules), kind
         assert parameters and not any(id(p) in attention for p in parameters), kind
-    assert len(declared["feed_forward"]) == len(model.attention_weights())  # one per block
+    blocks = [block for stack in model.stacks for block in model.stack_blocks(stack)]
+    attended = model.attention_weights() if model.attends else blocks
+    assert len(declared["feed_forward"]) == len(attended)  # one per block
 
 
 #: windows long enough that every model's self-attention reads at least two real tokens
@@ -454,6 +465,9 @@ def test_blocks_run_in_order_each_reading_the_last_ones_output(tmp_path, name):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_each_attention_projection_acts_in_its_named_role(tmp_path, name):
+    if not model_class(tmp_path, name).attends:
+        assert build(tmp_path, name).attention_weights() == {}  # no projection to act
+        return
     props.check_projection_roles(build(tmp_path, name, context=LONG), long_batch())
 
 
@@ -670,6 +684,8 @@ def _no_mistake_to_plant(model: ForecastModule, name: str, check: str) -> str | 
     if check == "head_list_is_complete" and heads <= inputs:
         # what the loss reaches past the last block is the input embedding's and a norm's
         return f"{name}'s head is tied to its input embedding"
+    if check == "projection_roles" and not model.attends:
+        return f"{name} has no attention, so no projection to misname"
     if check == "real_tokens":
         planted = copy.copy(model)
         _last_stack_marked_all_real(planted)

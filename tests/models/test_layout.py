@@ -53,6 +53,7 @@ def test_the_layout_is_read_from_the_tree():
         "moirai2",
         "time_moe",
         "timesfm25",
+        "tirex",
         "totem",
         "visionts",
     } <= set(SUBPACKAGES)
