@@ -25,6 +25,7 @@ from isoprobe.models.allow_list_pickle import TENSOR_GLOBALS, allow_list_pickle
 from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
+    checkpoint_file,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -82,9 +83,7 @@ def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
         return TirexNetwork(shape_from_fields(scratch_shape(scratch), "model.sizes"))
     source = resolved.location
     if resolved.kind == "hub":
-        from huggingface_hub import hf_hub_download
-
-        shape, weights = read_published(Path(hf_hub_download(source, PUBLISHED_NAME)))
+        shape, weights = read_published(checkpoint_file(resolved, PUBLISHED_NAME))
     elif published_file(source) is not None:
         shape, weights = read_published(Path(source))
     else:
