@@ -85,6 +85,14 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_layers=2",
         "model.sizes.mini.num_heads=2",
     ],
+    "toto": [
+        "model.num_samples=4",
+        "model.sizes.mini.embed_dim=32",
+        "model.sizes.mini.mlp_hidden_dim=32",
+        "model.sizes.mini.num_layers=2",
+        "model.sizes.mini.num_heads=2",
+        "model.sizes.mini.spacewise_every_n_layers=2",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",
