@@ -69,6 +69,7 @@ SHIPPED = (
     "time-moe-mini",
     "timesfm-mini",
     "timesfm25-mini",
+    "toto-mini",
 )
 
 

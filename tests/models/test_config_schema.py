@@ -52,6 +52,7 @@ CHECKPOINTS = {
     "time_moe": bundled("time-moe-mini"),
     "timesfm": bundled("timesfm-mini"),
     "timesfm25": bundled("timesfm25-mini"),
+    "toto": bundled("toto-mini"),
     "visionts": visionts_export,
 }
 #: the data's lengths a model's checkpoint is built for, where it fixes them
@@ -146,6 +147,16 @@ BAD_VALUES = {
         ("hidden_dims", 1_000_000_000),
         ("decode_index", 0),
         ("input_patch_len", ABSENT),
+    ],
+    "toto": [
+        ("embed_dim", "64"),
+        ("embed_dim", 64.0),
+        ("num_heads", 0),
+        ("num_layers", 100_000_000),
+        ("mlp_hidden_dim", 1_000_000_000),
+        ("output_distribution_kwargs.k_components", 0),
+        ("scale_factor_exponent", math.nan),
+        ("patch_size", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),

@@ -52,6 +52,7 @@ def test_the_layout_is_read_from_the_tree():
         "moirai",
         "time_moe",
         "timesfm25",
+        "toto",
         "totem",
         "visionts",
     } <= set(SUBPACKAGES)

@@ -322,3 +322,12 @@ def test_standardising_makes_the_forecast_follow_the_scale_and_raw_values_do_not
             torch.manual_seed(3)
             medians.append(model.forecast(scaled).median * factor)
         assert torch.allclose(medians[0], medians[1], rtol=1e-4, atol=1e-4) == follows
+
+
+def test_another_models_checkpoint_is_refused_saying_what_toto_loads(tmp_path):
+    """The TimesFM 2.5 parity fixture given to model=toto: its keys named, and what loads."""
+    other = Path(__file__).parents[1] / "fixtures" / "timesfm25"
+    with pytest.raises(
+        CheckpointError, match=r"unexpected keys \['decode_index', .*model=toto loads Toto"
+    ):
+        build(tmp_path, str(other))
