@@ -331,3 +331,35 @@ def test_another_models_checkpoint_is_refused_saying_what_toto_loads(tmp_path):
         CheckpointError, match=r"unexpected keys \['decode_index', .*model=toto loads Toto"
     ):
         build(tmp_path, str(other))
+
+
+@pytest.mark.parametrize(
+    ("every", "first", "blocks"),
+    [
+        (2, True, [(1, 0), (3, 2)]),
+        (2, False, [(0, 1), (2, 3)]),
+        (4, True, [(1, 0), (2, None), (3, None)]),
+        (-1, True, [(0, None), (1, None), (2, None), (3, None)]),
+    ],
+)
+def test_each_block_is_a_time_wise_layer_with_its_space_wise_neighbour(every, first, blocks):
+    """The package's layer order (one space-wise layer per group of ``every``, first or last)
+    grouped into blocks of (time-wise layer, the space-wise one just before or after it)."""
+    shape = TotoShape(4, 4, 8, 4, 2, 8, spacewise_every_n_layers=every, spacewise_first=first)
+    assert block_layers(shape) == blocks
+
+
+def test_a_space_wise_attention_over_one_variate_is_its_value_and_output_maps(tmp_path):
+    """The softmax of one score is 1: the space-wise attention gives each token's own value
+    (``wQKV``'s v rows, laid out (head_dim, head), read per head) through ``wO``, so its q and k
+    act on nothing (why :meth:`attention_weights` leaves it out)."""
+    model, _, _ = fixture_model(tmp_path)
+    attention = model.network.blocks[0].space.attention
+    x = torch.randn(2, 1, 5, 16)
+    width, heads = x.shape[-1], attention.heads
+    value = torch.nn.functional.linear(
+        x, attention.wQKV.weight[2 * width :], attention.wQKV.bias[2 * width :]
+    )
+    per_head = value.unflatten(-1, (width // heads, heads)).transpose(-1, -2).flatten(-2)
+    with torch.no_grad():
+        torch.testing.assert_close(attention(x), attention.wO(per_head))

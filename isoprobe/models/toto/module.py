@@ -234,7 +234,7 @@ class TotoModule(ForecastModule):
         """Every block's time-wise ``wQKV`` split into q, k, v ([d, d] views of it; rows laid
         out (head_dim, head), heads innermost, as the package does) and ``wO``. A space-wise
         layer's projections are not listed: over isoprobe's one variate its attention is the
-        softmax of a single score, ``W_O W_V`` of the token itself, so its q and k act on
+        softmax of a single score, each token's own value through ``wO``, so its q and k act on
         nothing and none of its projections mixes tokens."""
         weights = {}
         for i, block in enumerate(self.network.blocks):

@@ -17,8 +17,8 @@ isoprobe's windows have one).
   ``ζ_m = (2m + 0.4 d_h) / (1.4 d_h)`` (``rotary_embedding_torch``'s layout: angles interleaved,
   scales concatenated); scores ``q·k / sqrt(d_h)``. A space-wise layer attends, unmasked and
   without positions, across the variates at each patch (over one variate: the softmax of one
-  score, so its output is ``W_O W_V`` of the token). The fused ``wQKV`` lays out its rows as
-  ``(q|k|v, head_dim, head)``, heads innermost (the package's ``einops`` pattern).
+  score, so its output is the token's own value through ``wO``). The fused ``wQKV`` lays out
+  its rows as ``(q|k|v, head_dim, head)``, heads innermost (the package's ``einops`` pattern).
 - **Head**: ``unembed`` maps each patch's output to ``p`` vectors (one per step), and the
   Student-T mixture head gives per step and component ``df = 2 + softplus(.)``, ``loc``,
   ``scale = softplus(.)`` (both clamped at float eps) and the weights ``softmax(.)``.
