@@ -46,9 +46,8 @@ class TotoShape:
     when ``spacewise_first``), the others across patches (time-wise; -1: none space-wise);
     a mixture of ``output_distribution_kwargs['k_components']`` Student-T components per step.
     ``stabilize_with_global`` clamps the causal scale within ``10^±scale_factor_exponent`` of
-    the context's global one. ``use_memory_efficient_attention`` (xFormers) and
-    ``pre_xformers_checkpoint`` choose kernels and tensor names in the package, not the maths:
-    they are kept for the export only."""
+    the context's global one. ``use_memory_efficient_attention`` (xFormers) chooses a kernel in
+    the package, not the maths: it is kept for the export only."""
 
     patch_size: int
     stride: int
@@ -65,7 +64,6 @@ class TotoShape:
     use_memory_efficient_attention: bool = True
     stabilize_with_global: bool = True
     scale_factor_exponent: float = 10.0
-    pre_xformers_checkpoint: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -113,7 +111,6 @@ SCHEMA = ConfigSchema(
         Key("use_memory_efficient_attention", bool, required=False),
         Key("stabilize_with_global", bool, required=False),
         positive("scale_factor_exponent", required=False),
-        Key("pre_xformers_checkpoint", bool, required=False),
     ),
     multiples=(("embed_dim", "num_heads"),),
     parameters=parameter_count,
