@@ -97,6 +97,14 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.input_ff_dim=32",
         "model.sizes.mini.train_ctx_len=128",
     ],
+    "toto": [
+        "model.num_samples=4",
+        "model.sizes.mini.embed_dim=32",
+        "model.sizes.mini.mlp_hidden_dim=32",
+        "model.sizes.mini.num_layers=2",
+        "model.sizes.mini.num_heads=2",
+        "model.sizes.mini.spacewise_every_n_layers=2",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

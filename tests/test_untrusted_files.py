@@ -876,4 +876,68 @@ def test_tirex_export_whose_weights_file_is_a_pickle_is_refused_and_runs_nothing
     (directory / "model.safetensors").write_bytes(payload(marker))
     with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
         build_tirex(tmp_path, str(directory))
+
+
+# -- Toto: model.safetensors beside its config.json, from a directory or the hub ---------------
+
+TOTO_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "toto"
+TOTO_HUB_ID = "Datadog/Toto-Open-Base-1.0"
+
+
+def toto_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    """The parity fixture's checkpoint (the published layout: the package's config.json and
+    tensor names), with a pickled ``pytorch_model.bin`` payload beside it."""
+    directory.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(TOTO_FIXTURE / name, directory / name)
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    return directory
+
+
+def toto_checkpoint(
+    tmp_path, monkeypatch, marker: pathlib.Path, where: str
+) -> tuple[str, pathlib.Path]:
+    """``model.checkpoint`` and the folder it reads, for a local directory or the hub id's
+    cached snapshot."""
+    if where == "hub":
+        return TOTO_HUB_ID, toto_directory(hub_cache(tmp_path, monkeypatch, TOTO_HUB_ID), marker)
+    directory = toto_directory(tmp_path / "handed", marker)
+    return str(directory), directory
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_toto_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
+    """The published layout loads, from a directory or the hub id's cached snapshot, reading
+    only model.safetensors and config.json: the pickle beside them never runs."""
+    marker = tmp_path / "ran"
+    checkpoint, _ = toto_checkpoint(tmp_path, monkeypatch, marker, where)
+    model = build(tmp_path, "toto", checkpoint)
+    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
+    assert not marker.exists()
+    published = load_file(TOTO_FIXTURE / "model.safetensors")
+    loaded = model.network.state_dict()
+    assert loaded["blocks.1.time.mlp.2.weight"].equal(
+        published["model.transformer.layers.3.mlp.2.weight"]
+    )
+    assert len(loaded) == len(published)
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_toto_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, where
+):
+    marker = tmp_path / "ran"
+    checkpoint, directory = toto_checkpoint(tmp_path, monkeypatch, marker, where)
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build(tmp_path, "toto", checkpoint)
+    assert not marker.exists()
+
+
+def test_toto_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = toto_directory(tmp_path / "handed", marker)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build(tmp_path, "toto", str(directory))
     assert not marker.exists()

@@ -72,6 +72,7 @@ SHIPPED = (
     "timesfm-mini",
     "timesfm25-mini",
     "tirex-mini",
+    "toto-mini",
 )
 
 

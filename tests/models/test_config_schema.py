@@ -54,6 +54,7 @@ CHECKPOINTS = {
     "timesfm": bundled("timesfm-mini"),
     "timesfm25": bundled("timesfm25-mini"),
     "tirex": bundled("tirex-mini"),
+    "toto": bundled("toto-mini"),
     "visionts": visionts_export,
 }
 #: the data's lengths a model's checkpoint is built for, where it fixes them
@@ -166,6 +167,16 @@ BAD_VALUES = {
         ("input_ff_dim", 1_000_000_000),
         ("ffn_proj_factor", math.nan),
         ("input_patch_size", ABSENT),
+    ],
+    "toto": [
+        ("embed_dim", "64"),
+        ("embed_dim", 64.0),
+        ("num_heads", 0),
+        ("num_layers", 100_000_000),
+        ("mlp_hidden_dim", 1_000_000_000),
+        ("output_distribution_kwargs.k_components", 0),
+        ("scale_factor_exponent", math.nan),
+        ("patch_size", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),
