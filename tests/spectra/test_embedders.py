@@ -94,6 +94,8 @@ def test_the_experiment_runs_end_to_end_on_tiny_settings(tmp_path):
                     "visionts",
                     "timesfm25",
                     "moirai2",
+                    "tirex",
+                    "toto",
                 )
             ],
             "embedding_spectra.per_family=2",
