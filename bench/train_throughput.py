@@ -310,7 +310,9 @@ def compare(name, shape, reference, weights, args, out, adapt: str = "full") -> 
         print(
             f"  isoprobe {EXACT} compiled: {excluded:8.2f} samples/s compile excluded, "
             f"{excluded / ref:.2f}x the reference; {included:8.2f} samples/s compile included "
-            f"({args.steps + args.warmup} steps), {included / ref:.2f}x"
+            f"({args.steps + args.warmup} steps), {included / ref:.2f}x; rounds (excluded, "
+            f"included) {[(round(e, 2), round(i, 2)) for e, i in compiled_runs]} (a later round "
+            "may find the first one's compiled code in the inductor cache)"
         )
     print(
         f"  reference rounds {[round(r, 2) for r in ref_runs]}; best of {args.rounds} "
