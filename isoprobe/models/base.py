@@ -209,7 +209,9 @@ class ForecastModule(L.LightningModule, ABC):
             so that ``val/nmse``, ``val/mase`` and ``val/wql`` are logged every epoch.
         compile: train with :meth:`loss` compiled by ``torch.compile`` (its forward and, through
             AOTAutograd, its backward); the probe, validation, forecasts and every other caller
-            of the modules run them eagerly, hooks and all. Not with the isotropy regulariser,
+            of the modules run them eagerly, hooks and all. Inductor draws dropout's random
+            numbers from torch's generator (``fallback_random``), so a compiled step draws the
+            eager step's masks. Not with the isotropy regulariser,
             which reads the blocks' outputs through forward hooks a compiled step does not run.
         compile_backend: ``torch.compile``'s backend (``inductor``, the default: generated
             kernels; ``eager``: the same captured graphs run by eager kernels, for checks).
@@ -475,7 +477,12 @@ class ForecastModule(L.LightningModule, ABC):
             return self.loss(batch)
         if self._compiled_loss is not None:
             return self._compiled_loss(batch)
-        self._compiled_loss = torch.compile(self.loss, backend=self.compile_backend)
+        # inductor draws random numbers (dropout) with its own generator unless told to fall
+        # back to torch's: with it, a compiled step draws the eager step's masks
+        options = {"fallback_random": True} if self.compile_backend == "inductor" else None
+        self._compiled_loss = torch.compile(
+            self.loss, backend=self.compile_backend, options=options
+        )
         started = time.perf_counter()
         loss = self._compiled_loss(batch)
         self.compile_seconds = time.perf_counter() - started
