@@ -251,32 +251,89 @@ def load_pretrained(model_class: Any, source: str, **kwargs: Any) -> tuple[Any, 
     return model.train(), info
 
 
+#: what to do about weights that do not fit the config.json beside them
+REEXPORT = "The config was edited or belongs to another checkpoint; re-export the model."
+
+
+def refuse_misfit(
+    source: str,
+    described: str,
+    fix: str,
+    mismatched: Sequence[tuple[str, Sequence[int], Sequence[int]]],
+    missing: Sequence[str],
+    unexpected: Sequence[str],
+) -> None:
+    """Refuse, in one message ending with ``fix``, the weights in ``source`` that do not fit
+    ``described`` (the architecture they were to load into, "its config.json"): the first of
+    ``mismatched`` (name, its shape, the model's) named with both shapes, else the missing and
+    unexpected ones."""
+    if mismatched:
+        name, found, expected = mismatched[0]
+        raise CheckpointError(
+            f"the weights in {source} do not fit {described}: {name} has shape "
+            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
+            f"({len(mismatched)} tensors differ). {fix}"
+        )
+    missing, unexpected = sorted(missing), sorted(unexpected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {source} do not match {described}: {len(missing)} weights "
+            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
+            f"{fix}"
+        )
+
+
 def check_weights_fit(
     info: Mapping[str, Any],
     source: str,
     missing: Sequence[str] | None = None,
     unexpected: Sequence[str] | None = None,
 ) -> None:
-    """Refuse a checkpoint whose tensors do not fit the architecture its config.json builds:
-    the first misshapen tensor named with both shapes, else the missing and unexpected ones
-    (``missing``/``unexpected`` where a model counts them itself; else the loading report's)."""
-    mismatched = sorted(info["mismatched_keys"])
-    if mismatched:
-        name, found, expected = mismatched[0]
+    """Refuse a checkpoint whose tensors do not fit the architecture its config.json builds
+    (:func:`refuse_misfit`; ``missing``/``unexpected`` where a model counts them itself, else
+    the loading report's)."""
+    refuse_misfit(
+        source,
+        "its config.json",
+        REEXPORT,
+        sorted(info["mismatched_keys"]),
+        info["missing_keys"] if missing is None else missing,
+        info["unexpected_keys"] if unexpected is None else unexpected,
+    )
+
+
+def load_float_weights(
+    network: torch.nn.Module,
+    weights: Mapping[str, Any],
+    source: str,
+    described: str,
+    loads: str,
+    fix: str | None = None,
+) -> torch.nn.Module:
+    """``network`` in train mode with ``weights`` (name -> tensor, as read from ``source``)
+    loaded as float32, after refusing, one message each, weights that are not exactly its
+    tensors (:func:`refuse_misfit`, ending with ``fix``, default ``loads``: what the model
+    loads) and values that are not floating-point tensors (ending with ``loads``)."""
+    expected = network.state_dict()
+    mismatched = [
+        (name, tuple(weights[name].shape), tuple(tensor.shape))
+        for name, tensor in expected.items()
+        if name in weights
+        and torch.is_tensor(weights[name])
+        and weights[name].shape != tensor.shape
+    ]
+    missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
+    refuse_misfit(source, described, fix or loads, mismatched, missing, unexpected)
+    not_floats = sorted(
+        name for name, t in weights.items() if not (torch.is_tensor(t) and t.is_floating_point())
+    )
+    if not_floats:
         raise CheckpointError(
-            f"the weights in {source} do not fit its config.json: {name} has shape "
-            f"{tuple(found)} in the checkpoint but {tuple(expected)} in the model "
-            f"({len(mismatched)} tensors differ). The config was edited or belongs to another "
-            "checkpoint; re-export the model."
+            f"the weights in {source} hold values that are not floating-point tensors "
+            f"({not_floats[:3]}). {loads}"
         )
-    missing = sorted(info["missing_keys"] if missing is None else missing)
-    unexpected = sorted(info["unexpected_keys"] if unexpected is None else unexpected)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match its config.json: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]}). "
-            "The config was edited or belongs to another checkpoint; re-export the model."
-        )
+    network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
+    return network.train()
 
 
 def scratch_fields(

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from isoprobe.models.checkpoints import (
-    CheckpointError,
+    REEXPORT,
     ResolvedCheckpoint,
-    check_weights_fit,
     checkpoint_file,
+    load_float_weights,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -35,23 +35,4 @@ def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
     config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
     network = TimeMoeNetwork(shape_from_config(config, source))
     weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
-    expected = network.state_dict()
-    mismatched = [
-        (name, tuple(weights[name].shape), tuple(tensor.shape))
-        for name, tensor in expected.items()
-        if name in weights and weights[name].shape != tensor.shape
-    ]
-    info = {
-        "mismatched_keys": mismatched,
-        "missing_keys": sorted(set(expected) - set(weights)),
-        "unexpected_keys": sorted(set(weights) - set(expected)),
-    }
-    check_weights_fit(info, source)
-    not_floats = sorted(name for name, tensor in weights.items() if not tensor.is_floating_point())
-    if not_floats:
-        raise CheckpointError(
-            f"the weights in {source} hold tensors that are not floating point ({not_floats[:3]}"
-            f"). {LOADS}"
-        )
-    network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
-    return network.train()
+    return load_float_weights(network, weights, source, "its config.json", LOADS, REEXPORT)

@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
-
 from isoprobe.models.checkpoints import (
-    CheckpointError,
     ResolvedCheckpoint,
     checkpoint_file,
+    load_float_weights,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -44,40 +42,5 @@ def load_network(
     network = TimesFm25Network(shape)
     published_weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
     weights = {isoprobe_name(name): tensor for name, tensor in published_weights.items()}
-    _check_fit(weights, network.state_dict(), f"the weights in {source}", where)
-    not_floats = sorted(name for name, tensor in weights.items() if not tensor.is_floating_point())
-    if not_floats:
-        raise CheckpointError(
-            f"the weights in {source} hold tensors that are not floating point ({not_floats[:3]}"
-            f"). {LOADS}"
-        )
-    network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
-    return network.train()
-
-
-def _check_fit(
-    weights: Mapping[str, Tensor], expected: Mapping[str, Tensor], what: str, where: str
-) -> None:
-    """Refuse, in one message, weights that are not exactly the tensors of the shape built
-    from ``where``: the first misshapen tensor with both shapes, else the missing and the
-    unexpected ones."""
-    mismatched = [
-        (name, tuple(weights[name].shape), tuple(tensor.shape))
-        for name, tensor in expected.items()
-        if name in weights and weights[name].shape != tensor.shape
-    ]
-    if mismatched:
-        name, found, wanted = mismatched[0]
-        raise CheckpointError(
-            f"{what} do not fit the TimesFM 2.5 shape of {where}: {name} has shape {found} in "
-            f"the checkpoint but {wanted} in the model ({len(mismatched)} tensors differ). "
-            f"{LOADS}"
-        )
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{what} do not match the TimesFM 2.5 shape of {where}: {len(missing)} weights "
-            f"missing (e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. "
-            f"{unexpected[:3]}). {LOADS}"
-        )
+    described = f"the TimesFM 2.5 shape of {where}"
+    return load_float_weights(network, weights, source, described, LOADS)

@@ -26,6 +26,7 @@ from isoprobe.models.checkpoints import (
     CheckpointError,
     ResolvedCheckpoint,
     checkpoint_file,
+    load_float_weights,
     read_json_config,
     read_safetensors,
     scratch_shape,
@@ -91,43 +92,5 @@ def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None
         shape = shape_from_config(config, source)
         published = read_safetensors(Path(source) / WEIGHTS_NAME)
         weights = {isoprobe_name(name): tensor for name, tensor in published.items()}
-    network = TirexNetwork(shape)
-    check_fit(weights, network.state_dict(), source)
-    network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
-    return network.train()
-
-
-def check_fit(weights: Mapping[str, Any], expected: Mapping[str, Tensor], source: str) -> None:
-    """Refuse, in one message, weights that are not exactly the tensors of the shape the
-    checkpoint describes: the first misshapen tensor with both shapes, else the missing and
-    the unexpected ones, else a value that is no floating-point tensor."""
-    mismatched = [
-        (name, tuple(weights[name].shape), tuple(tensor.shape))
-        for name, tensor in expected.items()
-        if name in weights
-        and torch.is_tensor(weights[name])
-        and weights[name].shape != tensor.shape
-    ]
-    if mismatched:
-        name, found, wanted = mismatched[0]
-        raise CheckpointError(
-            f"the weights in {source} do not fit the TiRex architecture its configuration "
-            f"describes: {name} has shape {found} in the checkpoint but {wanted} in the model "
-            f"({len(mismatched)} tensors differ). {LOADS}"
-        )
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"the weights in {source} do not match the TiRex architecture its configuration "
-            f"describes: {len(missing)} weights missing (e.g. {missing[:3]}), {len(unexpected)} "
-            f"unexpected (e.g. {unexpected[:3]}). {LOADS}"
-        )
-    not_floats = sorted(
-        name for name, t in weights.items() if not (torch.is_tensor(t) and t.is_floating_point())
-    )
-    if not_floats:
-        raise CheckpointError(
-            f"the weights in {source} hold values that are not floating-point tensors "
-            f"({not_floats[:3]}). {LOADS}"
-        )
+    described = "the TiRex architecture its configuration describes"
+    return load_float_weights(TirexNetwork(shape), weights, source, described, LOADS)
