@@ -70,15 +70,18 @@ class PairMeasures(MeasureSet):
         self.output = _output_of(self.measures)
         self._reference: dict[str, Tensor] = {}
         self._prepared_reference: dict[tuple[Callable | None, str], Any] = {}
-        self._prepared_now: dict[Callable | None, dict[str, Any]] = {}
 
     @property
     def keeps_reference(self) -> bool:
         return any(measure.pairing == DRIFT for measure, _ in self.measures)
 
     def measure(self, inputs: ProbeInputs) -> Measurement:
+        return Measurement(self.rows(inputs, {}))
+
+    def rows(self, inputs: ProbeInputs, prepared_now: dict[Callable | None, Any]) -> list[Row]:
+        """The rows of one probe; ``prepared_now`` keeps the tokens as each ``prepare`` made
+        them for the probe's other readers (:meth:`prepared`)."""
         tokens, when = inputs.tokens, inputs.when
-        self._prepared_now = {}
         if self.keeps_reference and when.step == 0 and when.epoch == 0:
             self._reference = {
                 layer: X.detach().float().cpu().clone() for layer, X in tokens.items()
@@ -88,7 +91,7 @@ class PairMeasures(MeasureSet):
         layers = list(tokens)
         groups = token_groups(layers)
         for measure, params in self.measures:
-            prepared = self.prepared(measure, tokens)
+            prepared = self.prepared(measure, tokens, prepared_now)
             for i, layer in enumerate(layers):
                 if layer not in prepared:
                     continue
@@ -101,19 +104,22 @@ class PairMeasures(MeasureSet):
                 if partner is not None:
                     values = measure(prepared[layer], partner, params=params)
                     rows += [Row(layer, key, value) for key, value in values.items()]
-        return Measurement(rows)
+        return rows
 
-    def prepared(self, measure: Measure, tokens: dict[str, Tensor]) -> dict[str, Any]:
-        """Layer -> its tokens as ``measure`` reads them, for the layers it can prepare
-        (prepared once per probe for all the measures that prepare them alike)."""
-        if measure.prepare not in self._prepared_now:
-            out = self._prepared_now[measure.prepare] = {}
+    @staticmethod
+    def prepared(
+        measure: Measure, tokens: dict[str, Tensor], prepared_now: dict[Callable | None, Any]
+    ) -> dict[str, Any]:
+        """Layer -> its tokens as ``measure`` reads them, for the layers it can prepare, made
+        once per probe (kept in ``prepared_now``) for all the measures that prepare them alike."""
+        if measure.prepare not in prepared_now:
+            out = prepared_now[measure.prepare] = {}
             for layer, X in tokens.items():
                 try:
                     out[layer] = measure.prepared(X)
                 except ValueError:
                     continue
-        return self._prepared_now[measure.prepare]
+        return prepared_now[measure.prepare]
 
     def _reference_of(self, measure: Measure, layer: str, X: Tensor) -> Any:
         """The layer's step-0 tokens prepared for ``measure`` (once per run), or None where

@@ -80,10 +80,11 @@ class SimilarityMeasures(PairMeasures):
 
     def measure(self, inputs: ProbeInputs) -> Measurement:
         """The rows of one probe, with its layer-against-layer matrix (None without pairs)."""
-        rows = super().measure(inputs).rows
+        prepared_now: dict = {}
+        rows = self.rows(inputs, prepared_now)
         matrix = None
         if self.layer_pairs:
-            sides = self.prepared(MEASURES[CKA_PREV], inputs.tokens)
+            sides = self.prepared(MEASURES[CKA_PREV], inputs.tokens, prepared_now)
             matrix = self.matrices[inputs.when.step] = self._pairs(sides, inputs.when.epoch)
         return Measurement(rows, matrix)
 
