@@ -13,6 +13,10 @@ log-likelihood, whose forecasts are quantiles of ``num_samples`` samples.
 
 Missing values: NaNs are filled with the window's observed mean before the model's scaler, so
 they become 0 after it, and ``past_observed_mask`` makes the scaler ignore them.
+
+In evaluation the encoder's attention and batch norm run on plainer CPU kernels, the same
+numbers to float rounding (:mod:`isoprobe.models.patchtst_inference`); training runs the
+official forward.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from isoprobe.models.checkpoints import (
     scratch_shape,
 )
 from isoprobe.models.config_schema import check_pretrained_config
+from isoprobe.models.patchtst_inference import use_inference_kernels
 from isoprobe.models.transformers_schemas import PATCHTST
 
 log = logging.getLogger(__name__)
@@ -103,6 +108,7 @@ class PatchTSTModule(ForecastModule):
             self.model = _load(
                 self.resolved_checkpoint.location, head, self.context_length, self.prediction_length
             )
+        use_inference_kernels(self.model)
         log.info("PatchTST weights: %s", self.resolved_checkpoint.describe())
 
     # ----------------------------------------------------------------- inputs
