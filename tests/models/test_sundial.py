@@ -71,21 +71,24 @@ def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> fl
 
 
 def test_every_layer_matches_the_official_code(tmp_path):
-    """The patch embedding (of a context left-padded by 2 steps), every decoder layer, every
-    attention output and the final norm, on one pass over the raw context."""
+    """The patch embedding (of a context left-padded by 2 steps), every decoder layer and every
+    attention output on one pass over the raw context, and the final norm (the head's first
+    module) of the last layer's output."""
     model = build(tmp_path, str(FIXTURE))
     expected = official()
     layers = {**model.probe_layers("block"), **model.probe_layers("attention")}
-    layers["final"] = model.network.norm
-    names = {"embed": "embed", "final": "final"}
+    names = {"embed": "embed"}
     for i in range(len(model.network.layers)):
         names |= {f"decoder.{i}": f"layer.{i}", f"decoder.{i}.attn": f"attention.{i}"}
     context = torch.from_numpy(expected["context"])
     with torch.no_grad(), capture_outputs(layers) as captured:
         model._states(model._left_padded(context))
-    assert len(captured) == 2 + 2 * 3
+    assert len(captured) == 1 + 2 * 3
     for name, output in captured.items():
         assert largest_difference(output[0], expected[names[name]], name) < LAYERS
+    with torch.no_grad():
+        final = model.network.head.norm(captured["decoder.2"][0])
+    assert largest_difference(final, expected["final"], "final") < LAYERS
 
 
 def test_the_loss_matches_the_official_training_loss(tmp_path):
@@ -154,7 +157,7 @@ def test_the_loss_is_its_definition_with_gaps_and_padding(tmp_path):
     clean = np.nan_to_num(goals)
     noisy = torch.from_numpy((t[:, None] * clean + (1 - t[:, None]) * noise).astype(np.float32))
     with torch.no_grad():
-        predicted = model.network.head(noisy, torch.from_numpy(t).float(), states).double()
+        predicted = model.network.head(states, noisy, torch.from_numpy(t).float()).double()
     terms = []
     for row in range(len(goals)):
         steps = np.flatnonzero(np.isfinite(goals[row]))
@@ -239,7 +242,7 @@ def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
     weights = load_file(directory / "model.safetensors")
     del weights["flow_loss.net.res_blocks.1.in_ln.bias"]
     save_file(weights, str(directory / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"1 weights missing \(e.g. \['head.res_blocks.1"):
+    with pytest.raises(CheckpointError, match=r"1 weights missing \(e.g. \['head.net.res_blocks.1"):
         build(tmp_path, str(directory))
 
 

@@ -119,7 +119,8 @@ class SundialModule(ForecastModule):
         return series
 
     def _states(self, series: Tensor) -> Tensor:
-        """Each token's final state [B, N, d] of ``series`` [B, T] (NaN = missing)."""
+        """The last layer's output [B, N, d] at each token of ``series`` [B, T] (NaN =
+        missing)."""
         return self.network(series.nan_to_num(0.0), series.isfinite())
 
     def _inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -148,6 +149,11 @@ class SundialModule(ForecastModule):
         return flow_matching_loss(
             self.network.head, states, targets.nan_to_num(0.0), observed, noise, t
         )
+
+    def probe_forward(self, batch: Batch) -> None:
+        """The loss's pass through the backbone (its input tokens), without the flow head,
+        whose noise and time draws would move the random state."""
+        self._states(self._inputs(batch)[1])
 
     @torch.no_grad()
     def forecast(self, batch: Batch) -> Forecast:
@@ -192,7 +198,7 @@ class SundialModule(ForecastModule):
         return [self.network.embed_layer]
 
     def head_modules(self) -> list[nn.Module]:
-        """The flow-matching head."""
+        """The head: the final norm and the flow network."""
         return [self.network.head]
 
     def feed_forward_modules(self) -> list[nn.Module]:

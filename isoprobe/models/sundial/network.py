@@ -13,7 +13,7 @@ Foundation Models"; official code: the Hugging Face remote code of ``thuml/sundi
   positions turn q and k of each head at token n by angles ``n / 10000^(2i/d_h)``, pairing
   feature ``i`` with feature ``i + d_h/2`` (the halves layout); scores ``q·k / sqrt(d_h)``.
   A final LayerNorm follows the last layer.
-- **Flow-matching head** (:class:`FlowHead`, the official ``SimpleMLPAdaLN``): given a token's
+- **Flow-matching network** (:class:`FlowNet`, the official ``SimpleMLPAdaLN``): given a token's
   final state ``z``, a noisy output ``x_t`` of P steps and a time ``t`` in [0, 1), it predicts the
   clean output ``x_1``. ``y = MLP(sinusoid(1000 t)) + W_c z`` conditions every block (adaptive
   LayerNorm): ``x_0 = W_in x_t``; per residual block ``(s, c, g) = W_mod silu(y)``,
@@ -28,8 +28,10 @@ Foundation Models"; official code: the Hugging Face remote code of ``thuml/sundi
   ``x ← x + (x̂_1(x, t_i) - ε) / K`` at ``t_i = i / K``: the velocity of the straight path from
   the draw's own noise to the predicted output.
 
-Tensor names follow the published checkpoint's after the prefixes (:func:`official_name`):
-the backbone's under ``model.``, the head's under ``flow_loss.net.``.
+isoprobe's head (:class:`FlowHead`) holds the final LayerNorm with the flow network, so that
+it maps the last layer's output to the forecast (``model.adapt=head_only`` trains both).
+Tensor names follow the published checkpoint's after the prefixes (:func:`official_name`): the
+backbone's and the final norm's under ``model.``, the flow network's under ``flow_loss.net.``.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ from isoprobe.models.sundial.config import ROTARY_BASE, SundialShape
 
 #: the time embedding's sinusoid width, the scale of its times, and the head's LayerNorm eps
 TIME_FEATURES, TIME_SCALE, HEAD_EPSILON = 256, 1000.0, 1e-6
-#: state-dict prefixes: isoprobe's head -> the published one; the backbone's get ``model.``
-HEAD_PREFIX, OFFICIAL_HEAD_PREFIX, OFFICIAL_BACKBONE_PREFIX = "head.", "flow_loss.net.", "model."
+#: state-dict prefixes, isoprobe's -> the published ones (the rest of the backbone's get
+#: ``model.``)
+PREFIXES = {"head.norm.": "model.norm.", "head.net.": "flow_loss.net."}
+OFFICIAL_BACKBONE_PREFIX = "model."
 
 
 class PatchEmbedding(nn.Module):
@@ -200,55 +204,71 @@ class FinalLayer(nn.Module):
         return self.linear(modulated(self.norm_final(x), shift, scale))
 
 
-class FlowHead(nn.Module):
-    """The flow-matching head: predicts a token's clean output from a noisy one (module
-    docstring)."""
+class FlowNet(nn.Module):
+    """The official ``SimpleMLPAdaLN``: predicts a token's clean output from a noisy one
+    (module docstring)."""
 
     def __init__(self, shape: SundialShape) -> None:
         super().__init__()
         width, out = shape.hidden_size, shape.output_length
-        self.output_length, self.sampling_steps = out, shape.num_sampling_steps
         self.time_embed = TimeEmbedding(width)
         self.cond_embed = nn.Linear(width, width)
         self.input_proj = nn.Linear(out, width)
         self.res_blocks = nn.ModuleList(ResidualBlock(width) for _ in range(shape.flow_loss_depth))
         self.final_layer = FinalLayer(width, out)
 
-    def forward(self, noisy: Tensor, t: Tensor, state: Tensor) -> Tensor:
-        """``noisy`` [N, P] at times ``t`` [N] given token states ``state`` [N, d] -> the
-        predicted clean outputs [N, P]."""
+    def forward(self, state: Tensor, noisy: Tensor, t: Tensor) -> Tensor:
+        """Given token states ``state`` [N, d], ``noisy`` outputs [N, P] at times ``t`` [N] ->
+        the predicted clean outputs [N, P]."""
         condition = self.time_embed(t) + self.cond_embed(state)
         x = self.input_proj(noisy)
         for block in self.res_blocks:
             x = block(x, condition)
         return self.final_layer(x, condition)
 
-    def sample(self, state: Tensor, num_samples: int) -> Tensor:
-        """``num_samples`` draws [B, S, P] per token state [B, d] by Euler steps (module
-        docstring); the noise is one draw of [S · B, P], sample-major."""
+
+class FlowHead(nn.Module):
+    """The output head: the final LayerNorm (``norm``, the official backbone's last module)
+    and the flow network (``net``), from the last layer's output to the clean outputs."""
+
+    def __init__(self, shape: SundialShape) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(shape.hidden_size)
+        self.net = FlowNet(shape)
+        self.output_length, self.sampling_steps = shape.output_length, shape.num_sampling_steps
+
+    def forward(self, hidden: Tensor, noisy: Tensor, t: Tensor) -> Tensor:
+        """The last layer's outputs ``hidden`` [N, d], ``noisy`` outputs [N, P] at times ``t``
+        [N] -> the predicted clean outputs [N, P]."""
+        return self.net(self.norm(hidden), noisy, t)
+
+    def sample(self, hidden: Tensor, num_samples: int) -> Tensor:
+        """``num_samples`` draws [B, S, P] from the last layer's outputs ``hidden`` [B, d] by
+        Euler steps (module docstring); the noise is one draw of [S · B, P], sample-major."""
+        state = self.norm(hidden)
         states = state.repeat(num_samples, 1)
         noise = torch.randn(len(states), self.output_length, device=state.device)
         x, step = noise, 1.0 / self.sampling_steps
         for i in range(self.sampling_steps):
             t = torch.full((len(states),), i / self.sampling_steps, device=state.device)
-            x = x + (self(x, t, states) - noise) * step
+            x = x + (self.net(states, x, t) - noise) * step
         return x.view(num_samples, len(state), -1).transpose(0, 1)
 
 
 def flow_matching_loss(
     head: FlowHead,
-    states: Tensor,
+    hidden: Tensor,
     targets: Tensor,
     observed: Tensor,
     noise: Tensor,
     t: Tensor,
 ) -> Tensor:
-    """The flow-matching objective (module docstring) of token ``states`` [R, d] whose next
-    ``P`` steps are ``targets`` [R, P] (finite), ``observed`` [R, P] where they hold a value,
-    with ``noise`` [R, P] and times ``t`` [R]: the mean, over the rows holding an observed
-    step, of ``Σ_j observed_j (x̂_j - x_j)^2 / j``."""
+    """The flow-matching objective (module docstring) of the last layer's outputs ``hidden``
+    [R, d] at tokens whose next ``P`` steps are ``targets`` [R, P] (finite), ``observed``
+    [R, P] where they hold a value, with ``noise`` [R, P] and times ``t`` [R]: the mean, over
+    the rows holding an observed step, of ``Σ_j observed_j (x̂_j - x_j)^2 / j``."""
     noisy = t[:, None] * targets + (1 - t[:, None]) * noise
-    predicted = head(noisy, t, states)
+    predicted = head(hidden, noisy, t)
     weights = 1.0 / torch.arange(1, targets.shape[-1] + 1, device=targets.device)
     per_row = (observed * weights * (predicted - targets) ** 2).sum(-1)
     counted = observed.any(-1).to(per_row.dtype)
@@ -256,29 +276,30 @@ def flow_matching_loss(
 
 
 class SundialNetwork(nn.Module):
-    """Patch embedding, decoder layers, final norm and the flow head (the official weights)."""
+    """Patch embedding, decoder layers and the head (final norm and flow network): the
+    official weights."""
 
     def __init__(self, shape: SundialShape) -> None:
         super().__init__()
         self.shape = shape
         self.embed_layer = PatchEmbedding(shape)
         self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_hidden_layers))
-        self.norm = nn.LayerNorm(shape.hidden_size)
         self.head = FlowHead(shape)
 
     def forward(self, values: Tensor, observed: Tensor) -> Tensor:
         """A normalised series [B, T] (T a multiple of the token length; 0 where not
-        ``observed``) -> each token's final state [B, N, d], after the final norm."""
+        ``observed``) -> the last layer's output [B, N, d] (the head's final norm follows)."""
         x = self.embed_layer(values, observed)
         for layer in self.layers:
             x = layer(x)
-        return self.norm(x)
+        return x
 
 
 def official_name(name: str) -> str:
     """A state-dict name of :class:`SundialNetwork` -> the published one."""
-    if name.startswith(HEAD_PREFIX):
-        return OFFICIAL_HEAD_PREFIX + name[len(HEAD_PREFIX) :]
+    for ours, official in PREFIXES.items():
+        if name.startswith(ours):
+            return official + name[len(ours) :]
     return OFFICIAL_BACKBONE_PREFIX + name
 
 
@@ -287,8 +308,13 @@ def isoprobe_names(weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
     its own, so that the fit check names it."""
     renamed = {}
     for name, tensor in weights.items():
-        if name.startswith(OFFICIAL_HEAD_PREFIX):
-            name = HEAD_PREFIX + name[len(OFFICIAL_HEAD_PREFIX) :]
+        ours = [
+            mine + name[len(theirs) :]
+            for mine, theirs in PREFIXES.items()
+            if name.startswith(theirs)
+        ]
+        if ours:
+            name = ours[0]
         elif name.startswith(OFFICIAL_BACKBONE_PREFIX):
             name = name[len(OFFICIAL_BACKBONE_PREFIX) :]
         renamed[name] = tensor
