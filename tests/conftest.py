@@ -105,6 +105,14 @@ TINY_MODEL: dict[str, list[str]] = {
         "model.sizes.mini.num_heads=2",
         "model.sizes.mini.spacewise_every_n_layers=2",
     ],
+    "sundial": [
+        "model.num_samples=4",
+        "model.sizes.mini.hidden_size=32",
+        "model.sizes.mini.intermediate_size=32",
+        "model.sizes.mini.num_hidden_layers=2",
+        "model.sizes.mini.num_attention_heads=2",
+        "model.sizes.mini.num_sampling_steps=4",
+    ],
     "llm": [
         "model.num_samples=4",
         "model.sizes.gpt2.mini.n_embd=32",

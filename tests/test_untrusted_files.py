@@ -941,3 +941,78 @@ def test_toto_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tm
     with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
         build(tmp_path, "toto", str(directory))
     assert not marker.exists()
+
+
+# -- Sundial: model.safetensors beside its config.json (whose auto_map names remote code) -------
+
+SUNDIAL_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "sundial"
+SUNDIAL_HUB_ID = "thuml/sundial-base-128m"
+
+
+def sundial_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
+    """The parity fixture's checkpoint (the published layout: config.json naming the remote
+    code in ``auto_map``, the official tensor names), with the remote code's files beside it
+    as payloads that create ``marker`` if imported, and a pickled ``pytorch_model.bin`` that
+    creates it if unpickled."""
+    directory.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(SUNDIAL_FIXTURE / name, directory / name)
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    for name in ("configuration_sundial.py", "modeling_sundial.py"):
+        (directory / name).write_text(code)
+    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
+    return directory
+
+
+def sundial_checkpoint(
+    tmp_path, monkeypatch, marker: pathlib.Path, where: str
+) -> tuple[str, pathlib.Path]:
+    """``model.checkpoint`` and the folder it reads, for a local directory or the hub id's
+    cached snapshot."""
+    if where == "hub":
+        cache = hub_cache(tmp_path, monkeypatch, SUNDIAL_HUB_ID)
+        return SUNDIAL_HUB_ID, sundial_directory(cache, marker)
+    directory = sundial_directory(tmp_path / "handed", marker)
+    return str(directory), directory
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_sundial_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
+    """The published layout loads, from a directory or the hub id's cached snapshot, reading
+    only model.safetensors and config.json: neither the remote code its ``auto_map`` names nor
+    the pickle beside them runs."""
+    marker = tmp_path / "ran"
+    checkpoint, _ = sundial_checkpoint(tmp_path, monkeypatch, marker, where)
+    model = build(tmp_path, "sundial", checkpoint)
+    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
+    assert not marker.exists()
+    published = load_file(SUNDIAL_FIXTURE / "model.safetensors")
+    loaded = model.network.state_dict()
+    assert loaded["layers.2.self_attn.q_proj.weight"].equal(
+        published["model.layers.2.self_attn.q_proj.weight"]
+    )
+    assert loaded["head.net.final_layer.linear.weight"].equal(
+        published["flow_loss.net.final_layer.linear.weight"]
+    )
+    assert len(loaded) == len(published)
+
+
+@pytest.mark.parametrize("where", ["directory", "hub"])
+def test_sundial_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, where
+):
+    marker = tmp_path / "ran"
+    checkpoint, directory = sundial_checkpoint(tmp_path, monkeypatch, marker, where)
+    (directory / "model.safetensors").write_bytes(payload(marker))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
+        build(tmp_path, "sundial", checkpoint)
+    assert not marker.exists()
+
+
+def test_sundial_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    directory = sundial_directory(tmp_path / "handed", marker)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build(tmp_path, "sundial", str(directory))
+    assert not marker.exists()

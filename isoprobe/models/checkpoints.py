@@ -68,6 +68,7 @@ SHIPPED = (
     "moirai-mini",
     "moirai2-mini",
     "patchtst-mini",
+    "sundial-mini",
     "time-moe-mini",
     "timesfm-mini",
     "timesfm25-mini",

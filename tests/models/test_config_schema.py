@@ -55,6 +55,7 @@ CHECKPOINTS = {
     "timesfm25": bundled("timesfm25-mini"),
     "tirex": bundled("tirex-mini"),
     "toto": bundled("toto-mini"),
+    "sundial": bundled("sundial-mini"),
     "visionts": visionts_export,
 }
 #: the data's lengths a model's checkpoint is built for, where it fixes them
@@ -177,6 +178,16 @@ BAD_VALUES = {
         ("output_distribution_kwargs.k_components", 0),
         ("scale_factor_exponent", math.nan),
         ("patch_size", ABSENT),
+    ],
+    "sundial": [
+        ("hidden_size", "64"),
+        ("hidden_size", 64.0),
+        ("num_attention_heads", 0),
+        ("num_hidden_layers", 100_000_000),
+        ("intermediate_size", 1_000_000_000),
+        ("output_token_lens", [64, 0]),
+        ("dropout_rate", math.nan),
+        ("input_token_len", ABSENT),
     ],
     "visionts": [
         ("depth", 100_000_000),

@@ -54,6 +54,7 @@ def test_the_layout_is_read_from_the_tree():
         "time_moe",
         "timesfm25",
         "tirex",
+        "sundial",
         "toto",
         "totem",
         "visionts",

@@ -96,6 +96,7 @@ def test_the_experiment_runs_end_to_end_on_tiny_settings(tmp_path):
                     "moirai2",
                     "tirex",
                     "toto",
+                    "sundial",
                 )
             ],
             "embedding_spectra.per_family=2",
