@@ -38,8 +38,12 @@ Compiled training (``--compile``): isoprobe also runs in float32 with ``model.co
 excluded (the timed steps after the warm-up, whose first step compiles) and included (every
 step from the start of training, the first one's compilation with it).
 
+Device (``--device cuda``): both trainers on the first GPU (isoprobe's Lightning
+``accelerator="gpu"``, the reference's Trainer without ``use_cpu``), each step's clock read
+after ``torch.cuda.synchronize()``; ``bf16-mixed`` is timed where the GPU supports bfloat16.
+
 Run: ``.venv/bin/python bench/train_throughput.py [--models chronos chronos2 --steps 8
---warmup 2 --rounds 2 --precisions 32-true bf16-mixed --compile]``.
+--warmup 2 --rounds 2 --precisions 32-true bf16-mixed --compile --device cpu]``.
 """
 
 from __future__ import annotations
@@ -86,6 +90,15 @@ DATA = [
 LR = 1e-3
 EXACT = "32-true"
 EVAL_SEEDS = (0, 1, 2)
+#: ``--device``: cpu | cuda (set by :func:`main`)
+DEVICE = "cpu"
+
+
+def now() -> float:
+    """Wall-clock seconds, after the GPU's queued work where the bench runs on one."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 class StepClock:
@@ -105,14 +118,14 @@ class LightningClock(Callback, StepClock):
         self.start = 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.start = time.perf_counter()
+        self.start = now()
 
     def samples_per_second_from_start(self, batch: int) -> float:
         """Every step from the start of training, the first one's compilation included."""
         return len(self.ends) * batch / (self.ends[-1] - self.start)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ends.append(time.perf_counter())
+        self.ends.append(now())
 
 
 class HFClock(TrainerCallback, StepClock):
@@ -120,7 +133,7 @@ class HFClock(TrainerCallback, StepClock):
         StepClock.__init__(self)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.ends.append(time.perf_counter())
+        self.ends.append(now())
 
 
 class TokenisedWindows(Dataset):
@@ -161,8 +174,10 @@ def build(out: str, model: str = "chronos", shape: list[str] = SHAPE):
     return cfg, datamodule
 
 
-def bf16_supported() -> bool:
-    """Whether this CPU has bfloat16 matrix instructions (AVX512-BF16 or AMX)."""
+def bf16_supported(device: str) -> bool:
+    """Whether ``device`` has bfloat16 matrix instructions (on a CPU: AVX512-BF16 or AMX)."""
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
@@ -180,7 +195,8 @@ def isoprobe_clock(
     """The step clock of ``steps + warmup`` training steps of ``model`` in Lightning."""
     clock = LightningClock()
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if DEVICE == "cuda" else "cpu",
+        devices=1,
         precision=precision,
         max_steps=steps + warmup,
         callbacks=[clock],
@@ -209,7 +225,7 @@ def chronos_reference_throughput(model, datamodule, steps: int, warmup: int, out
         logging_strategy="no",
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=DEVICE == "cpu",
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
@@ -325,8 +341,9 @@ def compare(name, shape, reference, weights, args, out, adapt: str = "full") -> 
 def validation_wql(model, batch, seed: int) -> float:
     """WQL of ``model``'s float32 forecast of ``batch``, seeded."""
     torch.manual_seed(seed)
-    forecast = model.eval().forecast(batch)
-    return wql(forecast.quantiles, batch["target"], model.quantile_levels).item()
+    device = next(model.parameters()).device
+    forecast = model.eval().forecast({k: v.to(device) for k, v in batch.items()})
+    return wql(forecast.quantiles.cpu(), batch["target"], model.quantile_levels).item()
 
 
 def print_wql_effect(trained: dict, datamodule) -> None:
@@ -354,14 +371,15 @@ def main() -> None:
         default=["chronos", "chronos2", "chronos2_lora"],
         choices=["chronos", "chronos2", "chronos2_lora"],
     )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per trainer")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
     parser.add_argument(
         "--precisions",
         nargs="+",
-        default=[EXACT, "bf16-mixed"] if bf16_supported() else [EXACT],
-        help="isoprobe's trainer.precision values, each timed every round",
+        help="isoprobe's trainer.precision values, each timed every round (default: 32-true, "
+        "and bf16-mixed where the device has bfloat16 instructions)",
     )
     parser.add_argument(
         "--compile",
@@ -369,9 +387,14 @@ def main() -> None:
         help="also time isoprobe in float32 with model.compile=true (inductor)",
     )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if args.precisions is None:
+        args.precisions = [EXACT, "bf16-mixed"] if bf16_supported(DEVICE) else [EXACT]
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
-        f"{os.getloadavg()[0]:.2f}"
+        f"torch {torch.__version__} on {where}, {torch.get_num_threads()} threads, load "
+        f"average {os.getloadavg()[0]:.2f}"
     )
     with tempfile.TemporaryDirectory() as out:
         if "chronos" in args.models:
