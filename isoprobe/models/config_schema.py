@@ -12,15 +12,18 @@ while the model is built.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from isoprobe.models.checkpoints import CheckpointError, read_json_config
+
+Shape = TypeVar("Shape")
 
 GIB = 2**30
 #: bytes per parameter: every loader builds its model in float32
@@ -39,6 +42,21 @@ _WHAT = {
     str: "a string",
     list: "a list of whole numbers",
 }
+#: keys transformers writes into every config.json: read past, never acted on (``auto_map``
+#: names Python files that are never imported)
+TRANSFORMERS_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "auto_map",
+        "model_type",
+        "torch_dtype",
+        "dtype",
+        "transformers_version",
+        "use_cache",
+        "initializer_range",
+    }
+)
 
 
 class ConfigSchemaError(CheckpointError, ValueError):
@@ -204,6 +222,67 @@ def check_fits_memory(config: Mapping[str, Any], schema: ConfigSchema, source: s
             f"{source} describes a {schema.model} of about {needed / PARAMETER_BYTES:.3g} "
             f"parameters ({needed / GIB:.3g} GiB in float32), more than the {available / GIB:.1f} "
             f"GiB of memory available ({sizes}). {FIX}"
+        )
+
+
+def read_shape(
+    shape: type[Shape],
+    fields: Mapping[str, Any],
+    source: str,
+    schema: ConfigSchema,
+    loads: str,
+    *,
+    passed: Collection[str] = (),
+    prepare: Callable[[dict[str, Any], str], None] | None = None,
+    buildable: Callable[[Shape], list[str]] | None = None,
+) -> Shape:
+    """The ``shape`` dataclass of config.json's (or ``model.sizes``') ``fields``, refusing in
+    one :class:`CheckpointError` naming ``source`` and what loads (``loads``): keys neither its
+    fields nor ``passed`` (read past), values ``schema`` refuses, and the problems ``buildable``
+    lists for the shape. ``prepare(values, source)`` may first put values in the fields' form."""
+    known = {f.name for f in dataclasses.fields(shape)}
+    unexpected = sorted(set(fields) - known - set(passed))
+    if unexpected:
+        also = f" (and {sorted(passed)}, read past)" if passed else ""
+        raise CheckpointError(
+            f"{source} has unexpected keys {unexpected}; a {schema.model} config has the keys "
+            f"{sorted(known)}{also}. The file was edited or belongs to another model. {loads}"
+        )
+    values = {k: v for k, v in fields.items() if k in known}
+    if prepare is not None:
+        prepare(values, source)
+    check_config(values, schema, source)
+    built = shape(**values)
+    problems = buildable(built) if buildable is not None else []
+    if problems:
+        raise CheckpointError(
+            f"{source}: isoprobe cannot build this {schema.model}: {'; '.join(problems)}. {loads}"
+        )
+    return built
+
+
+def rising_levels(levels: Any) -> bool:
+    """Whether ``levels`` are quantile levels a head can have: a non-empty list of numbers in
+    (0, 1), strictly rising."""
+    return (
+        isinstance(levels, list)
+        and bool(levels)
+        and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in levels)
+        and all(0 < q < 1 for q in levels)
+        and levels == sorted(set(levels))
+    )
+
+
+def check_model_type(
+    config: Mapping[str, Any], model_type: str, model: str, source: str, loads: str
+) -> None:
+    """Refuse a checkpoint's config.json (read from ``source``) whose ``model_type`` is not
+    ``model_type``, naming the one it has."""
+    found = config.get("model_type")
+    if found != model_type:
+        raise CheckpointError(
+            f"{source}/config.json is not a {model} config (model_type={found!r}, expected "
+            f"{model_type!r}). {loads}"
         )
 
 

@@ -22,15 +22,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from isoprobe.models.checkpoints import CheckpointError
+from isoprobe.models.moirai2.config import official_config, parameter_count, shape_from_fields
 from isoprobe.models.moirai2.module import pack, standardisation
+from isoprobe.models.moirai2.network import Moirai2Network
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "moirai2"
+#: Salesforce/moirai-2.0-R-small's config.json (its comment names the sources) and the
+#: parameters uni2ts 2.0.0's Moirai2Module has when built from it
+PUBLISHED = FIXTURE / "published-config.yaml"
+PUBLISHED_PARAMETERS = 11_387_208
 LAYERS, ROLL_OUT = 1e-5, 1e-4
 
 
@@ -260,3 +268,19 @@ def test_an_export_reloads_the_same_weights_and_config(tmp_path):
     assert all(torch.equal(exported[k], original[k]) for k in original)
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config == json.loads((FIXTURE / "config.json").read_text())
+
+
+def test_the_published_config_builds_the_published_network(tmp_path):
+    """The published config.json passes as it is, has uni2ts' parameter count (network and
+    schema estimate), is what an export writes back, and ``model.sizes.small`` builds the same
+    shape."""
+    published = yaml.safe_load(PUBLISHED.read_text())
+    shape = shape_from_fields(published, "moirai-2.0-R-small/config.json")
+    assert (shape.num_heads, shape.outputs) == (6, 4 * 9 * 16)
+    assert official_config(shape) == published
+    with torch.device("meta"):
+        network = Moirai2Network(shape)
+    assert sum(p.numel() for p in network.parameters()) == PUBLISHED_PARAMETERS
+    assert parameter_count(published) == PUBLISHED_PARAMETERS
+    sizes = compose_config(tmp_path, ["model=moirai2"]).model.sizes
+    assert shape_from_fields(OmegaConf.to_container(sizes.small), "sizes") == shape

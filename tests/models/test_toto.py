@@ -26,12 +26,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from scipy import special, stats
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.toto.config import TotoShape
-from isoprobe.models.toto.network import block_layers, causal_patch_statistics
+from isoprobe.models.toto.config import (
+    TotoShape,
+    official_config,
+    parameter_count,
+    shape_from_fields,
+)
+from isoprobe.models.toto.network import TotoNetwork, block_layers, causal_patch_statistics
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
@@ -40,6 +47,10 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "toto"
 #: the same kind of model with its space-wise layers last in their groups
 SPACEWISE_LAST = FIXTURE / "spacewise-last"
 LAYERS, LOSS = 1e-5, 1e-6
+#: Datadog/Toto-Open-Base-1.0's config.json (its comment names the sources) and the parameters
+#: toto-ts 0.2.0's TotoBackbone has when built from it (the package's README: 151M)
+PUBLISHED = FIXTURE / "published-config.yaml"
+PUBLISHED_PARAMETERS = 151_306_080
 #: sampled quantiles may differ by this fraction of the package's per-step standard deviation
 SAMPLED = 0.3
 
@@ -370,3 +381,19 @@ def test_a_space_wise_attention_over_one_variate_is_its_value_and_output_maps(tm
     per_head = value.unflatten(-1, (width // heads, heads)).transpose(-1, -2).flatten(-2)
     with torch.no_grad():
         torch.testing.assert_close(attention(x), attention.wO(per_head))
+
+
+def test_the_published_config_builds_the_published_network(tmp_path):
+    """The published config.json passes as it is, builds 12 layers of which the last attends
+    across variates, has the package's parameter count (network and schema estimate), is what
+    an export writes back, and ``model.sizes.official_base`` builds the same shape."""
+    published = yaml.safe_load(PUBLISHED.read_text())
+    shape = shape_from_fields(published, "Toto-Open-Base-1.0/config.json")
+    assert shape.layer_is_spacewise() == [False] * 11 + [True]
+    assert official_config(shape) == published
+    with torch.device("meta"):
+        network = TotoNetwork(shape)
+    assert sum(p.numel() for p in network.parameters()) == PUBLISHED_PARAMETERS
+    assert parameter_count(published) == PUBLISHED_PARAMETERS
+    sizes = compose_config(tmp_path, ["model=toto"]).model.sizes
+    assert shape_from_fields(OmegaConf.to_container(sizes.official_base), "sizes") == shape

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.config_schema import (
     ConfigSchema,
     Key,
-    check_config,
     fraction,
+    read_shape,
     repeats,
+    rising_levels,
     size,
 )
 
@@ -100,35 +100,16 @@ SCHEMA = ConfigSchema(
 def shape_from_fields(fields: Mapping[str, Any], source: str) -> Moirai2Shape:
     """The :class:`Moirai2Shape` of ``fields`` (config.json's, or ``model.sizes``'), refusing,
     each named with ``source``: unknown keys (a Moirai 1.x config's ``patch_sizes`` and
-    ``distr_output`` among them), values :data:`SCHEMA` refuses and shapes the network cannot
-    be."""
-    known = {f.name for f in dataclasses.fields(Moirai2Shape)}
-    unexpected = sorted(set(fields) - known)
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a Moirai 2.0 config has the keys "
-            f"{sorted(known)}. It belongs to another model or was edited. {LOADS}"
-        )
-    check_config(fields, SCHEMA, source)
-    shape = Moirai2Shape(**fields)
-    _check_buildable(shape, source)
-    return shape
+    ``distr_output`` among them), values :data:`SCHEMA` refuses and quantile levels the head
+    cannot have."""
+    return read_shape(Moirai2Shape, fields, source, SCHEMA, LOADS, buildable=_unbuildable)
 
 
-def _check_buildable(shape: Moirai2Shape, source: str) -> None:
-    """Refuse, naming the field and ``source``, quantile levels the head cannot have."""
+def _unbuildable(shape: Moirai2Shape) -> list[str]:
     levels = shape.quantile_levels
-    if not (
-        isinstance(levels, list)
-        and levels
-        and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in levels)
-        and all(0 < q < 1 for q in levels)
-        and levels == sorted(set(levels))
-    ):
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this Moirai 2.0: quantile_levels={levels!r} is not "
-            f"a rising list of levels in (0, 1). {LOADS}"
-        )
+    if rising_levels(levels):
+        return []
+    return [f"quantile_levels={levels!r} is not a rising list of levels in (0, 1)"]
 
 
 def official_config(shape: Moirai2Shape) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from typing import Any
 
 from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.config_schema import (
+    TRANSFORMERS_KEYS,
     ConfigSchema,
     Key,
-    check_config,
     fraction,
     positive,
+    read_shape,
     repeats,
     size,
 )
@@ -30,21 +31,6 @@ MODEL_TYPE = "sundial"
 LOADS = (
     "model=sundial loads Sundial checkpoints (config.json with Sundial's keys + "
     "model.safetensors), such as thuml/sundial-base-128m, or an export of model=sundial."
-)
-#: keys transformers writes into every config.json: read past, never acted on (``auto_map``
-#: names Python files that are never imported)
-GENERIC_KEYS = frozenset(
-    {
-        "_name_or_path",
-        "architectures",
-        "auto_map",
-        "model_type",
-        "torch_dtype",
-        "dtype",
-        "transformers_version",
-        "use_cache",
-        "initializer_range",
-    }
 )
 #: the published checkpoint's ``architectures`` and ``auto_map``, kept in an export so that the
 #: official code (its Python files copied beside it) loads the directory as it loads theirs
@@ -140,30 +126,31 @@ SCHEMA = ConfigSchema(
 
 def shape_from_fields(fields: Mapping[str, Any], source: str) -> SundialShape:
     """The :class:`SundialShape` of config.json's (or ``model.sizes``') ``fields``, refusing,
-    each named with ``source``: unknown keys, another ``model_type``, values the :data:`SCHEMA`
+    each named with ``source``: another ``model_type``, unknown keys, values the :data:`SCHEMA`
     refuses and networks isoprobe does not build."""
-    known = {f.name for f in dataclasses.fields(SundialShape)}
-    unexpected = sorted(set(fields) - known - GENERIC_KEYS)
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a Sundial config has the keys "
-            f"{sorted(known)} (and transformers' own {sorted(GENERIC_KEYS)}). The file was "
-            f"edited or belongs to another model. {LOADS}"
-        )
     model_type = fields.get("model_type", MODEL_TYPE)
     if model_type != MODEL_TYPE:
         raise CheckpointError(f"{source}: model_type is {model_type!r}, not 'sundial'. {LOADS}")
-    values = {k: v for k, v in fields.items() if k in known}
+    return read_shape(
+        SundialShape,
+        fields,
+        source,
+        SCHEMA,
+        LOADS,
+        passed=TRANSFORMERS_KEYS,
+        prepare=_lengths_as_list,
+        buildable=_unbuildable,
+    )
+
+
+def _lengths_as_list(values: dict[str, Any], source: str) -> None:
+    """``output_token_lens`` from the settings (a sequence) as the list config.json holds."""
     if "output_token_lens" in values and not isinstance(values["output_token_lens"], list):
         values["output_token_lens"] = list(values["output_token_lens"])
-    check_config(values, SCHEMA, source)
-    shape = SundialShape(**values)
-    _check_buildable(shape, source)
-    return shape
 
 
-def _check_buildable(shape: SundialShape, source: str) -> None:
-    """Refuse, naming every field at fault and ``source``, a shape isoprobe does not build."""
+def _unbuildable(shape: SundialShape) -> list[str]:
+    """What isoprobe does not build in ``shape``, field by field."""
     problems = []
     if shape.hidden_act != "silu":
         problems.append(f"hidden_act={shape.hidden_act!r} (Sundial's is 'silu')")
@@ -177,10 +164,7 @@ def _check_buildable(shape: SundialShape, source: str) -> None:
             f"hidden_size={shape.hidden_size} over num_attention_heads="
             f"{shape.num_attention_heads} is an odd head width (rotary positions turn halves)"
         )
-    if problems:
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this Sundial: {'; '.join(problems)}. {LOADS}"
-        )
+    return problems
 
 
 def official_config(shape: SundialShape) -> dict[str, Any]:

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.config_schema import (
+    TRANSFORMERS_KEYS,
     ConfigSchema,
     Key,
-    check_config,
+    check_model_type,
     positive,
+    read_shape,
     repeats,
     size,
 )
@@ -28,23 +29,6 @@ MODEL_TYPE = "time_moe"
 LOADS = (
     "model=time_moe loads Time-MoE checkpoints (config.json with model_type 'time_moe' + "
     "model.safetensors), such as Maple728/TimeMoE-50M, or an export of model=time_moe."
-)
-#: keys transformers writes into every config.json: read past, never acted on (``auto_map``
-#: names Python files that are never imported)
-GENERIC_KEYS = frozenset(
-    {
-        "_name_or_path",
-        "architectures",
-        "auto_map",
-        "model_type",
-        "torch_dtype",
-        "dtype",
-        "transformers_version",
-        "use_cache",
-        "tie_word_embeddings",
-        "initializer_range",
-        "attention_dropout",
-    }
 )
 #: the ``auto_map`` of the published checkpoints, kept in an export so that the official code
 #: (with its Python files copied beside it) loads the directory as it loads theirs
@@ -145,27 +129,27 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> TimeMoeShape:
     """The :class:`TimeMoeShape` of config.json's (or ``model.sizes``') ``fields``, refusing
     unknown keys, values the :data:`SCHEMA` refuses (missing, of the wrong type, out of bounds,
     too large for memory) and what isoprobe does not build, each named with ``source``."""
-    known = {f.name for f in dataclasses.fields(TimeMoeShape)}
-    unexpected = sorted(set(fields) - known - GENERIC_KEYS)
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a Time-MoE config has the keys "
-            f"{sorted(known)} (and transformers' own {sorted(GENERIC_KEYS)}). The file was "
-            "edited or belongs to another model: export the checkpoint again."
-        )
-    values = {k: v for k, v in fields.items() if k in known}
-    if isinstance(values.get("horizon_lengths"), int):  # the official config accepts one int
+    return read_shape(
+        TimeMoeShape,
+        fields,
+        source,
+        SCHEMA,
+        LOADS,
+        passed=TRANSFORMERS_KEYS | {"tie_word_embeddings", "attention_dropout"},
+        prepare=_one_horizon_as_list,
+        buildable=_unbuildable,
+    )
+
+
+def _one_horizon_as_list(values: dict[str, Any], source: str) -> None:
+    """The official config accepts one int for ``horizon_lengths``."""
+    if isinstance(values.get("horizon_lengths"), int):
         values["horizon_lengths"] = [values["horizon_lengths"]]
-    check_config(values, SCHEMA, source)
-    shape = TimeMoeShape(**values)
-    _check_buildable(shape, source)
-    return shape
 
 
-def _check_buildable(shape: TimeMoeShape, source: str) -> None:
-    """Refuse, naming the field and ``source``, a shape the official code builds differently or
-    that isoprobe does not build (a multivariate input, a dense feed-forward, another
-    activation)."""
+def _unbuildable(shape: TimeMoeShape) -> list[str]:
+    """What the official code builds differently in ``shape`` or isoprobe does not build (a
+    multivariate input, a dense feed-forward, another activation), field by field."""
     problems = []
     horizons = shape.horizon_lengths
     if not (
@@ -199,21 +183,13 @@ def _check_buildable(shape: TimeMoeShape, source: str) -> None:
             f"num_experts_per_tok={shape.num_experts_per_tok} is not in 1..num_experts="
             f"{shape.num_experts}"
         )
-    if problems:
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this Time-MoE: {'; '.join(problems)}. {LOADS}"
-        )
+    return problems
 
 
 def shape_from_config(config: Mapping[str, Any], source: str) -> TimeMoeShape:
     """A checkpoint's config.json (already read as data): another architecture's is refused
     naming its ``model_type``, a Time-MoE one becomes its :class:`TimeMoeShape`."""
-    model_type = config.get("model_type")
-    if model_type != MODEL_TYPE:
-        raise CheckpointError(
-            f"{source}/config.json is not a Time-MoE config (model_type={model_type!r}, "
-            f"expected {MODEL_TYPE!r}). {LOADS}"
-        )
+    check_model_type(config, MODEL_TYPE, SCHEMA.model, source, LOADS)
     return shape_from_fields(config, f"{source}/config.json")
 
 

@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.config_schema import ConfigSchema, Key, check_config, repeats, size
+from isoprobe.models.config_schema import (
+    ConfigSchema,
+    Key,
+    read_shape,
+    repeats,
+    rising_levels,
+    size,
+)
 
 MODEL_TYPE = "timesfm_2p5"
 #: what another checkpoint is told model=timesfm25 loads
@@ -97,31 +104,22 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> TimesFm25Shape:
     each named with ``source``: unknown keys, values the :data:`SCHEMA` refuses and shapes the
     network cannot be (odd head width, quantiles not rising in (0, 1), a decode channel that is
     no quantile)."""
-    known = {f.name for f in dataclasses.fields(TimesFm25Shape)}
-    unexpected = sorted(set(fields) - known - {"model_type"})
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a TimesFM 2.5 shape has the keys "
-            f"{sorted(known)}. The file was edited or belongs to another model. {LOADS}"
-        )
-    values = {k: v for k, v in fields.items() if k in known}
-    check_config(values, SCHEMA, source)
-    shape = TimesFm25Shape(**values)
-    _check_buildable(shape, source)
-    return shape
+    return read_shape(
+        TimesFm25Shape,
+        fields,
+        source,
+        SCHEMA,
+        LOADS,
+        passed={"model_type"},
+        buildable=_unbuildable,
+    )
 
 
-def _check_buildable(shape: TimesFm25Shape, source: str) -> None:
-    """Refuse, naming every field at fault and ``source``, a shape the network cannot be."""
+def _unbuildable(shape: TimesFm25Shape) -> list[str]:
+    """What the network cannot be in ``shape``, field by field."""
     problems = []
     levels = shape.quantiles
-    if not (
-        isinstance(levels, list)
-        and levels
-        and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in levels)
-        and all(0 < q < 1 for q in levels)
-        and levels == sorted(set(levels))
-    ):
+    if not rising_levels(levels):
         problems.append(f"quantiles={levels!r} is not a rising list of levels in (0, 1)")
     elif shape.decode_index > len(levels):
         problems.append(
@@ -137,10 +135,7 @@ def _check_buildable(shape: TimesFm25Shape, source: str) -> None:
             f"output_patch_len={shape.output_patch_len} is not a multiple of input_patch_len="
             f"{shape.input_patch_len} (a decoded output patch is read back as whole patches)"
         )
-    if problems:
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this TimesFM 2.5: {'; '.join(problems)}. {LOADS}"
-        )
+    return problems
 
 
 def shape_from_config(

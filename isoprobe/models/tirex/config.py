@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from isoprobe.models.checkpoints import CheckpointError
-from isoprobe.models.config_schema import ConfigSchema, check_config, positive, repeats, size
+from isoprobe.models.config_schema import (
+    ConfigSchema,
+    check_model_type,
+    positive,
+    read_shape,
+    repeats,
+    rising_levels,
+    size,
+)
 
 MODEL_TYPE = "tirex"
 #: what another checkpoint is told model=tirex loads
@@ -106,53 +114,29 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> TirexShape:
     """The :class:`TirexShape` of ``fields`` (config.json's or ``model.sizes``'), refusing, each
     named with ``source``: unknown keys, values :data:`SCHEMA` refuses, and shapes the network
     cannot be."""
-    known = {f.name for f in dataclasses.fields(TirexShape)}
-    unexpected = sorted(set(fields) - known - {"model_type"})
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a TiRex shape has the keys "
-            f"{sorted(known)}. The file was edited or belongs to another model. {LOADS}"
-        )
-    values = {k: v for k, v in fields.items() if k in known}
-    check_config(values, SCHEMA, source)
-    shape = TirexShape(**values)
-    _check_buildable(shape, source)
-    return shape
+    return read_shape(
+        TirexShape, fields, source, SCHEMA, LOADS, passed={"model_type"}, buildable=_unbuildable
+    )
 
 
-def _check_buildable(shape: TirexShape, source: str) -> None:
-    """Refuse, naming every field at fault and ``source``, a shape the network cannot be."""
+def _unbuildable(shape: TirexShape) -> list[str]:
+    """What the network cannot be in ``shape``, field by field."""
     problems = []
     levels = shape.quantiles
-    if not (
-        isinstance(levels, list)
-        and levels
-        and all(isinstance(q, (int, float)) and not isinstance(q, bool) for q in levels)
-        and all(0 < q < 1 for q in levels)
-        and levels == sorted(set(levels))
-        and 0.5 in levels
-    ):
+    if not (rising_levels(levels) and 0.5 in levels):
         problems.append(f"quantiles={levels!r} is not a rising list of levels in (0, 1) with 0.5")
     if shape.output_patch_size != shape.input_patch_size:
         problems.append(
             f"output_patch_size={shape.output_patch_size} differs from input_patch_size="
             f"{shape.input_patch_size} (TiRex forecasts the patch after each input patch)"
         )
-    if problems:
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this TiRex: {'; '.join(problems)}. {LOADS}"
-        )
+    return problems
 
 
 def shape_from_config(config: Mapping[str, Any], source: str) -> TirexShape:
     """An export's config.json (already read as data): another model's is refused naming its
     ``model_type``."""
-    model_type = config.get("model_type")
-    if model_type != MODEL_TYPE:
-        raise CheckpointError(
-            f"{source}/config.json is not a TiRex config (model_type={model_type!r}, expected "
-            f"{MODEL_TYPE!r}). {LOADS}"
-        )
+    check_model_type(config, MODEL_TYPE, SCHEMA.model, source, LOADS)
     return shape_from_fields(config, f"{source}/config.json")
 
 

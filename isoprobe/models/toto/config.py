@@ -19,9 +19,9 @@ from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.config_schema import (
     ConfigSchema,
     Key,
-    check_config,
     fraction,
     positive,
+    read_shape,
     repeats,
     size,
 )
@@ -122,27 +122,24 @@ def shape_from_fields(fields: Mapping[str, Any], source: str) -> TotoShape:
     each named with ``source``: unknown keys, values the :data:`SCHEMA` refuses and networks
     isoprobe does not build (another scaler or head, a stride other than the patch, no
     time-wise layer, an odd head width)."""
-    known = {f.name for f in dataclasses.fields(TotoShape)}
-    unexpected = sorted(set(fields) - known)
-    if unexpected:
-        raise CheckpointError(
-            f"{source} has unexpected keys {unexpected}; a Toto config has the keys "
-            f"{sorted(known)}. The file was edited or belongs to another model. {LOADS}"
-        )
-    values = dict(fields)
-    shapes = {"output_distribution_kwargs": "object", "output_distribution_classes": "list"}
-    for name, what in shapes.items():
-        value = values.get(name, {} if what == "object" else [])
-        if not (isinstance(value, Mapping) if what == "object" else _is_list(value)):
+    return read_shape(
+        TotoShape, fields, source, SCHEMA, LOADS, prepare=_plain_containers, buildable=_unbuildable
+    )
+
+
+def _plain_containers(values: dict[str, Any], source: str) -> None:
+    """Refuse output-head kwargs that are no JSON object or classes that are no JSON list, and
+    copy them (the settings' own containers) into a dict and a list."""
+    for name, what, kind in (
+        ("output_distribution_kwargs", "object", dict),
+        ("output_distribution_classes", "list", list),
+    ):
+        if name not in values:
+            continue
+        value = values[name]
+        if not (isinstance(value, Mapping) if kind is dict else _is_list(value)):
             raise CheckpointError(f"{source}: {name} is {value!r}, not a JSON {what}. {LOADS}")
-    if "output_distribution_kwargs" in values:
-        values["output_distribution_kwargs"] = dict(values["output_distribution_kwargs"])
-    if "output_distribution_classes" in values:
-        values["output_distribution_classes"] = list(values["output_distribution_classes"])
-    check_config(values, SCHEMA, source)
-    shape = TotoShape(**values)
-    _check_buildable(shape, source)
-    return shape
+        values[name] = kind(value)
 
 
 def _is_list(value: Any) -> bool:
@@ -150,8 +147,8 @@ def _is_list(value: Any) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
-def _check_buildable(shape: TotoShape, source: str) -> None:
-    """Refuse, naming every field at fault and ``source``, a shape isoprobe does not build."""
+def _unbuildable(shape: TotoShape) -> list[str]:
+    """What isoprobe does not build in ``shape``, field by field."""
     problems = []
     if shape.scaler_cls != CAUSAL_PATCH_SCALER:
         problems.append(f"scaler_cls={shape.scaler_cls!r} is not {CAUSAL_PATCH_SCALER!r}")
@@ -178,10 +175,7 @@ def _check_buildable(shape: TotoShape, source: str) -> None:
             f"embed_dim={shape.embed_dim} over num_heads={shape.num_heads} is an odd head width "
             "(rotary positions turn pairs of features)"
         )
-    if problems:
-        raise CheckpointError(
-            f"{source}: isoprobe cannot build this Toto: {'; '.join(problems)}. {LOADS}"
-        )
+    return problems
 
 
 def official_config(shape: TotoShape) -> dict[str, Any]:
