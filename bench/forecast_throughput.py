@@ -49,11 +49,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -80,6 +83,10 @@ LENGTHS = {
     "patchtst": (512, 64),
     "visionts": (144, 48),
     "time_moe": (144, 48),
+    "timesfm25": (144, 48),
+    "moirai2": (144, 48),
+    "tirex": (144, 48),
+    "toto": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -99,6 +106,10 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "patchtst": lambda m: [m.model],
     "visionts": lambda m: [m.mae],
     "time_moe": lambda m: [m.network.model, *m.network.lm_heads],
+    "timesfm25": lambda m: [m.network],
+    "moirai2": lambda m: [m.network],
+    "tirex": lambda m: [m.network],
+    "toto": lambda m: [m.network],
 }
 #: cases that are not a model config of their own: their model overrides
 MODEL = {"chronos_generate": ["model=chronos", "model.sampler=generate"]}
@@ -110,6 +121,71 @@ SEED = 0
 Official = Callable[[Tensor], Tensor]  # context [B, L] -> quantiles [B, 9, H]
 #: the official builder of a model isoprobe is timed alone against (no official path here)
 NO_OFFICIAL = None
+OFFICIAL_DIR = Path(__file__).resolve().parent / "official"
+#: where the side environments' pythons are given: ``--side-python NAME=PATH`` or this + NAME
+SIDE_PYTHON_VARIABLE = "ISOPROBE_SIDE_PYTHON_"
+
+
+@dataclass(frozen=True)
+class Side:
+    """An official pipeline that runs in a side environment of its own, in the same bench run:
+    ``bench/official/<name>_pipeline.py`` served by ``bench/official/serve.py`` (its docstring
+    has the protocol) under the side environment's python, on the checkpoint isoprobe loaded."""
+
+    name: str
+
+
+class SidePipeline:
+    """The served official pipeline of one model: the windows handed over once (an npz), then
+    one seeded, timed call per request, while the server waits between calls; ``reason`` is
+    set (one line) and nothing runs where no side python is given or it fails to load."""
+
+    def __init__(self, side: Side, python: str | None, module, context: Tensor, out: str):
+        self.process, self.reason, self.calls = None, None, 0
+        self.folder = Path(out) / f"side-{side.name}"
+        variable = SIDE_PYTHON_VARIABLE + side.name.upper()
+        if python is None:
+            self.reason = f"no side python given (--side-python {side.name}=PATH or ${variable})"
+            return
+        checkpoint = module.resolved_checkpoint
+        if checkpoint.kind not in ("bundled", "path"):
+            self.reason = f"the checkpoint is {checkpoint.describe()}, not a local directory"
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        task = self.folder / "task.npz"
+        np.savez(
+            task,
+            context=context.numpy(),
+            prediction_length=np.array(module.prediction_length),
+            num_samples=np.array(getattr(module, "num_samples", 1)),
+            levels=np.array(LEVELS),
+        )
+        self.errors = open(self.folder / "stderr.txt", "w")  # noqa: SIM115 - closed in close()
+        serve = [python, str(OFFICIAL_DIR / "serve.py"), side.name, checkpoint.location, str(task)]
+        self.process = subprocess.Popen(
+            serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True
+        )
+        line = self.process.stdout.readline().strip()
+        if line != "ready":
+            self.close()
+            self.reason = line.removeprefix("error: ") or f"{python} ended before it was ready"
+
+    def __call__(self, seed: int) -> tuple[float, Tensor]:
+        """Seconds of the official call seeded with ``seed`` (timed in the side process) and its
+        quantiles."""
+        path = self.folder / f"call-{self.calls}.npy"
+        self.calls += 1
+        self.process.stdin.write(f"{seed} {path}\n")
+        self.process.stdin.flush()
+        seconds = float(self.process.stdout.readline())
+        return seconds, torch.from_numpy(np.load(path))
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait()
+            self.errors.close()
+            self.process = None
 
 
 def official_chronos(module) -> Official:
@@ -251,6 +327,10 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "patchtst": ("PatchTST", official_patchtst),
     "visionts": ("VisionTS", official_visionts),
     "time_moe": ("Time-MoE", NO_OFFICIAL),
+    "timesfm25": ("TimesFM 2.5", Side("timesfm25")),
+    "moirai2": ("Moirai 2.0", Side("moirai2")),
+    "tirex": ("TiRex", Side("tirex")),
+    "toto": ("Toto", Side("toto")),
 }
 
 
@@ -328,47 +408,68 @@ def share_in_forward(
     return inside[0] / total
 
 
-def compare(name: str, rounds: int, out: str) -> dict:
-    title, make_official = CASES[name]
-    module, batch = build(name, out)
-    if make_official is NO_OFFICIAL:
-        return timed_alone(title, module, batch, rounds, NETWORK[name](module))
+def official_calls(
+    name: str, module, context: Tensor, out: str, side_python: dict[str, str]
+) -> tuple[Callable[[int], tuple[float, Tensor]] | None, str | None, Callable[[], None]]:
+    """The official side of ``name``: a seeded, timed call (None where it cannot run here),
+    why it cannot (one line, or None), and what ends it."""
+    make_official = CASES[name][1]
+    if isinstance(make_official, Side):
+        variable = SIDE_PYTHON_VARIABLE + make_official.name.upper()
+        python = side_python.get(make_official.name, os.environ.get(variable))
+        side = SidePipeline(make_official, python, module, context, out)
+        return (side if side.reason is None else None), side.reason, side.close
     official = make_official(module)
-    context = batch["context"]
-
-    def ours() -> Tensor:
-        return module.forecast(batch).quantiles
+    if official is None:
+        return None, "the official package does not import beside isoprobe", lambda: None
 
     def theirs() -> Tensor:
         with torch.no_grad():
             return official(context)
 
-    _, our_out = timed(ours)
-    sides = [(ours, [], [])]
-    if official is None:
+    return (lambda seed: timed(theirs, seed)), None, lambda: None
+
+
+def compare(name: str, rounds: int, out: str, side_python: dict[str, str]) -> dict:
+    title, make_official = CASES[name]
+    module, batch = build(name, out)
+    if make_official is NO_OFFICIAL:
+        return timed_alone(title, module, batch, rounds, NETWORK[name](module))
+    context, target = batch["context"], batch["target"]
+
+    def ours() -> Tensor:
+        return module.forecast(batch).quantiles
+
+    theirs, reason, close = official_calls(name, module, context, out, side_python)
+    our_times, their_times, our_wql, their_wql = [], [], [], []
+    try:
+        _, our_out = timed(ours)
         their_out = torch.full_like(our_out, float("nan"))
-        sides.append((lambda: their_out, [], []))
-    else:
-        _, their_out = timed(theirs)
-        sides.append((theirs, [], []))
-    (_, our_times, our_wql), (_, their_times, their_wql) = sides
-    target = batch["target"]
-    for round_ in range(rounds):
-        for call, times, losses in reversed(sides):
-            seconds, quantiles = timed(call, SEED + round_)
-            times.append(seconds)
-            losses.append(wql(quantiles, target, LEVELS).item())
-    their_mean = sum(their_wql) / rounds
+        if theirs is not None:
+            _, their_out = theirs(SEED)
+        for round_ in range(rounds):
+            if theirs is not None:
+                seconds, quantiles = theirs(SEED + round_)
+                their_times.append(seconds)
+                their_wql.append(wql(quantiles, target, LEVELS).item())
+            seconds, quantiles = timed(ours, SEED + round_)
+            our_times.append(seconds)
+            our_wql.append(wql(quantiles, target, LEVELS).item())
+    finally:
+        close()
+    nan = float("nan")
+    their_mean = sum(their_wql) / rounds if theirs is not None else nan
     return {
         "model": title,
         "windows": f"{len(context)} x {context.shape[1]}/{module.prediction_length}",
         "isoprobe": min(our_times),
-        "official": min(their_times) if official is not None else float("nan"),
+        "official": min(their_times) if theirs is not None else nan,
         "agreement": (our_out - their_out).abs().max().item(),
         "wql": (sum(our_wql) / rounds, their_mean),
-        "seed_spread": (max(their_wql) - min(their_wql)) / their_mean,
+        "seed_spread": (max(their_wql) - min(their_wql)) / their_mean if their_wql else nan,
         "forward": share_in_forward(ours, NETWORK[name](module), FUNCTIONS.get(name, [])),
         "rounds": (our_times, their_times),
+        "reason": reason,
     }
 
 
@@ -422,20 +523,34 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         ours, theirs = ([f"{t:.4f}" for t in ts] for ts in r["rounds"])
         print(f"  {r['model']}: isoprobe {ours}, official {theirs}")
+    for r in rows:
+        if r.get("reason"):
+            print(f"  {r['model']}: official nan: {r['reason']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed calls of each")
+    parser.add_argument(
+        "--side-python",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help=f"the python of a side environment with a model's official package (else "
+        f"${SIDE_PYTHON_VARIABLE}<NAME>), e.g. toto=/tmp/toto-side/bin/python",
+    )
     args = parser.parse_args()
+    side_python = dict(pair.split("=", 1) for pair in args.side_python)
+    if not set(side_python) <= set(CASES):
+        parser.error(f"--side-python names no model of {sorted(CASES)}")
     transformers_logging.disable_progress_bar()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
         f"{os.getloadavg()[0]:.2f}; best of {args.rounds} alternating calls after one warm-up"
     )
     with tempfile.TemporaryDirectory() as out:
-        rows = [compare(name, args.rounds, out) for name in args.models]
+        rows = [compare(name, args.rounds, out, side_python) for name in args.models]
     print_table(rows)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
