@@ -182,18 +182,22 @@ class TimesFm25Network(nn.Module):
             width, width, shape.output_quantile_len * shape.channels, bias=False
         )
 
-    def forward(self, values: Tensor, missing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, values: Tensor, missing: Tensor, last_only: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Normalised patches ``values`` [B, N, p] (0 where missing) and ``missing`` [B, N, p]
         -> the last block's stream [B, N, d], the point head [B, N, o, channels] and the
-        quantile head [B, N, os, channels], in each patch's normalised units."""
+        quantile head [B, N, os, channels], in each patch's normalised units; ``last_only``:
+        the heads of the last patch alone (N = 1 in theirs: all a forecast reads)."""
         visible = ~missing.all(dim=-1)
         positions = visible.long().cumsum(dim=-1) - 1
         x = self.tokenizer(torch.cat([values, missing.to(values.dtype)], dim=-1))
         for block in self.stacked_xf:
             x = block(x, visible, positions)
-        batch, length, _ = x.shape
-        point = self.output_projection_point(x).view(batch, length, -1, self.shape.channels)
-        spread = self.output_projection_quantiles(x).view(batch, length, -1, self.shape.channels)
+        ends = x[:, -1:] if last_only else x
+        batch, length, _ = ends.shape
+        point = self.output_projection_point(ends).view(batch, length, -1, self.shape.channels)
+        spread = self.output_projection_quantiles(ends).view(batch, length, -1, self.shape.channels)
         return x, point, spread
 
 
