@@ -27,6 +27,46 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
   needs transformers 4.40 (it breaks on 5.x), so it cannot run beside isoprobe; its parity on
   the same weights is tests/models/test_time_moe.py's (fixture made in a side environment).
 
+Models whose official package cannot be installed beside isoprobe (its pins clash) run their
+official side in a side environment in the same run (:class:`Side`): the bench writes the
+windows to an npz and starts the side environment's python on ``bench/official/serve.py``,
+which loads the same checkpoint through the package's own loader
+(``bench/official/<name>_pipeline.py``) and then forecasts once per line the bench sends it,
+seeded and timed in the side process (the call alone), while isoprobe's calls wait; the rounds
+alternate as for the others. The side python is ``--side-python NAME=PATH`` or
+``$ISOPROBE_SIDE_PYTHON_<NAME>``; without one, or where it does not load, the row times isoprobe
+alone (official columns ``nan``) and says why in one line. The side environments are those the
+parity fixtures were made in (each ``tests/fixtures/<name>/make_fixture.py`` says how to build
+it); all 144 / 48:
+
+- TimesFM 2.5: the ``timesfm`` package 3.0.2's ``TimesFM_2p5_200M_torch.forecast`` after
+  ``compile`` with the ``ForecastConfig`` defaults (flip invariance, the clip at 0 of
+  non-negative windows) and one batch of all windows (``per_core_batch_size=64``; the default,
+  1, forecasts one window at a time), sized by the checkpoint's config.json, weights through
+  ``load_checkpoint``; no torch.compile.
+- Moirai 2.0: uni2ts 2.0.0's ``Moirai2Forecast.forward`` on ``Moirai2Module.from_pretrained``.
+- TiRex: the ``tirex-ts`` package 1.4.2's ``TiRexZero.forecast``, pure-torch sLSTM (its
+  bfloat16 recurrence). Its loader reads only a Lightning ``model.ckpt``, not isoprobe's
+  config.json + model.safetensors (the bundled mini is isoprobe's own, trained by isoprobe), so
+  the side process writes the same tensors and shape as such a checkpoint and loads that with
+  the package's ``TiRexZero.from_pretrained``.
+- Toto: the ``toto-ts`` package 0.2.0's ``TotoForecaster.forecast`` (its KV cache, the
+  default) on ``Toto.load_from_checkpoint``, 100 samples drawn in one batch
+  (``samples_per_batch=100``, as isoprobe draws them), ``torch.quantile`` of the paths.
+  isoprobe's default ``standardise`` divides each window by its scale first (row ``Toto``);
+  row ``Toto raw`` (``model.standardise=false``) forecasts the raw values as the package does,
+  the same distribution, whose dWQL is read against the official seed spread.
+
+TimesFM 2.5, Moirai 2.0 and TiRex sort each step's quantiles in isoprobe, where their heads
+cross, and the packages return them as the heads give them: their agreement is read against the
+official quantiles sorted likewise (``SORTS_QUANTILES``; unsorted, the crossings alone make it
+20 to 190 on these windows). TiRex's official recurrence runs in bfloat16, isoprobe's in
+float32, which its agreement shows.
+
+A later model adds its side the same way: a ``bench/official/<name>_pipeline.py`` with
+``load(checkpoint, task) -> predict``, and ``"<name>": (title, Side("<name>"))`` in ``CASES``
+with its ``LENGTHS`` and ``NETWORK``.
+
 isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.models.build.build_model``
 builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
 under ``torch.no_grad``. Each side is called once to warm up, then the two alternate for
@@ -87,6 +127,7 @@ LENGTHS = {
     "moirai2": (144, 48),
     "tirex": (144, 48),
     "toto": (144, 48),
+    "toto_raw": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -110,9 +151,17 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "moirai2": lambda m: [m.network],
     "tirex": lambda m: [m.network],
     "toto": lambda m: [m.network],
+    "toto_raw": lambda m: [m.network],
 }
 #: cases that are not a model config of their own: their model overrides
-MODEL = {"chronos_generate": ["model=chronos", "model.sampler=generate"]}
+MODEL = {
+    "chronos_generate": ["model=chronos", "model.sampler=generate"],
+    "toto_raw": ["model=toto", "model.standardise=false"],
+}
+#: models whose isoprobe forecast sorts each step's quantiles (crossing ones ordered) where
+#: the official pipeline returns them as its heads give them: agreement is read against the
+#: official's quantiles sorted likewise (WQL is each side's own)
+SORTS_QUANTILES = {"timesfm25", "moirai2", "tirex"}
 #: models without a bundled checkpoint: the weights both sides use
 CHECKPOINT = {"visionts": "scratch"}
 #: per model: functions (module, name) that are network steps called outside a module forward
@@ -331,6 +380,7 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "moirai2": ("Moirai 2.0", Side("moirai2")),
     "tirex": ("TiRex", Side("tirex")),
     "toto": ("Toto", Side("toto")),
+    "toto_raw": ("Toto raw", Side("toto")),
 }
 
 
@@ -447,6 +497,8 @@ def compare(name: str, rounds: int, out: str, side_python: dict[str, str]) -> di
         their_out = torch.full_like(our_out, float("nan"))
         if theirs is not None:
             _, their_out = theirs(SEED)
+            if name in SORTS_QUANTILES:
+                their_out = their_out.sort(dim=1).values
         for round_ in range(rounds):
             if theirs is not None:
                 seconds, quantiles = theirs(SEED + round_)
