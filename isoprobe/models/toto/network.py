@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, MixtureSameFamily, StudentT
 from torch.nn import functional as F
 
+from isoprobe.models import kv_cache
 from isoprobe.models.toto.config import TotoShape
 
 #: RMSNorm's epsilon, the scaler's minimum variance term, the rotary base and the xPos base
@@ -91,24 +92,18 @@ def rotate_with_xpos(
     return turn(q, scale), turn(k, scale.reciprocal())
 
 
-class KeyValueCache:
-    """The time-wise layers' keys and values of the patches a forecast has run so far, so that
-    each later pass runs the new patches alone (the package's KV cache). The causal scaler
-    leaves an earlier patch's scaled values as they were when patches are appended (its
-    statistics run forward; the global clamp reads the context alone), and time-wise
-    attention is causal, so an earlier patch's keys and values do not change. The xPos
-    centre is the first pass's, kept for the later ones (:func:`rotate_with_xpos`)."""
+class KeyValueCache(kv_cache.KeyValueCache):
+    """The time-wise layers' keys and values of the patches a forecast has run so far
+    (:mod:`isoprobe.models.kv_cache`), so that each later pass runs the new patches alone (the
+    package's KV cache). The causal scaler leaves an earlier patch's scaled values as they were
+    when patches are appended (its statistics run forward; the global clamp reads the context
+    alone), and time-wise attention is causal, so an earlier patch's keys and values do not
+    change. The xPos ``centre`` is the first pass's, kept for the later ones
+    (:func:`rotate_with_xpos`)."""
 
     def __init__(self) -> None:
-        self.entries: dict[nn.Module, tuple[Tensor, Tensor]] = {}
-        self.patches, self.centre = 0, None
-
-    def repeat(self, copies: int) -> None:
-        """Every row's keys and values ``copies`` times, copy-major (as ``Tensor.repeat``)."""
-        self.entries = {
-            layer: (k.repeat(copies, 1, 1, 1), v.repeat(copies, 1, 1, 1))
-            for layer, (k, v) in self.entries.items()
-        }
+        super().__init__()
+        self.centre: int | None = None
 
 
 class Attention(nn.Module):
@@ -133,7 +128,7 @@ class Attention(nn.Module):
         q, k, v = qkv.permute(2, 0, 4, 1, 3).unbind(0)
         mask, causal = None, not self.spacewise
         if not self.spacewise and cache is not None:
-            start = cache.patches
+            start = cache.tokens
             q, k = rotate_with_xpos(q, k, start, cache.centre)
             if start:
                 cached_k, cached_v = cache.entries[self]
@@ -264,14 +259,14 @@ class TotoNetwork(nn.Module):
         value). With a ``cache``, the patches it holds are not run again: N and T count the
         patches after them, which it then holds too."""
         if cache is not None:
-            scaled = scaled[..., cache.patches * self.shape.patch_size :]
+            scaled = scaled[..., cache.tokens * self.shape.patch_size :]
         x = self.embed(scaled)
         if cache is not None and cache.centre is None:
             cache.centre = (x.shape[2] - 1) // 2
         for block in self.blocks:
             x = block(x, cache)
         if cache is not None:
-            cache.patches += x.shape[2]
+            cache.tokens += x.shape[2]
         steps = self.unembed(x).unflatten(-1, (self.shape.patch_size, -1)).flatten(2, 3)
         return x, self.output_distribution(steps)
 
