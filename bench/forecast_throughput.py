@@ -27,6 +27,46 @@ forecast the same 64 test windows of ``data=energy`` (vic_elec) as one batch, on
   needs transformers 4.40 (it breaks on 5.x), so it cannot run beside isoprobe; its parity on
   the same weights is tests/models/test_time_moe.py's (fixture made in a side environment).
 
+Models whose official package cannot be installed beside isoprobe (its pins clash) run their
+official side in a side environment in the same run (:class:`Side`): the bench writes the
+windows to an npz and starts the side environment's python on ``bench/official/serve.py``,
+which loads the same checkpoint through the package's own loader
+(``bench/official/<name>_pipeline.py``) and then forecasts once per line the bench sends it,
+seeded and timed in the side process (the call alone), while isoprobe's calls wait; the rounds
+alternate as for the others. The side python is ``--side-python NAME=PATH`` or
+``$ISOPROBE_SIDE_PYTHON_<NAME>``; without one, or where it does not load, the row times isoprobe
+alone (official columns ``nan``) and says why in one line. The side environments are those the
+parity fixtures were made in (each ``tests/fixtures/<name>/make_fixture.py`` says how to build
+it); all 144 / 48:
+
+- TimesFM 2.5: the ``timesfm`` package 3.0.2's ``TimesFM_2p5_200M_torch.forecast`` after
+  ``compile`` with the ``ForecastConfig`` defaults (flip invariance, the clip at 0 of
+  non-negative windows) and one batch of all windows (``per_core_batch_size=64``; the default,
+  1, forecasts one window at a time), sized by the checkpoint's config.json, weights through
+  ``load_checkpoint``; no torch.compile.
+- Moirai 2.0: uni2ts 2.0.0's ``Moirai2Forecast.forward`` on ``Moirai2Module.from_pretrained``.
+- TiRex: the ``tirex-ts`` package 1.4.2's ``TiRexZero.forecast``, pure-torch sLSTM (its
+  bfloat16 recurrence). Its loader reads only a Lightning ``model.ckpt``, not isoprobe's
+  config.json + model.safetensors (the bundled mini is isoprobe's own, trained by isoprobe), so
+  the side process writes the same tensors and shape as such a checkpoint and loads that with
+  the package's ``TiRexZero.from_pretrained``.
+- Toto: the ``toto-ts`` package 0.2.0's ``TotoForecaster.forecast`` (its KV cache, the
+  default) on ``Toto.load_from_checkpoint``, 100 samples drawn in one batch
+  (``samples_per_batch=100``, as isoprobe draws them), ``torch.quantile`` of the paths.
+  isoprobe's default ``standardise`` divides each window by its scale first (row ``Toto``);
+  row ``Toto raw`` (``model.standardise=false``) forecasts the raw values as the package does,
+  the same distribution, whose dWQL is read against the official seed spread.
+
+TimesFM 2.5, Moirai 2.0 and TiRex sort each step's quantiles in isoprobe, where their heads
+cross, and the packages return them as the heads give them: their agreement is read against the
+official quantiles sorted likewise (``SORTS_QUANTILES``; unsorted, the crossings alone make it
+20 to 190 on these windows). TiRex's official recurrence runs in bfloat16, isoprobe's in
+float32, which its agreement shows.
+
+A later model adds its side the same way: a ``bench/official/<name>_pipeline.py`` with
+``load(checkpoint, task) -> predict``, and ``"<name>": (title, Side("<name>"))`` in ``CASES``
+with its ``LENGTHS`` and ``NETWORK``.
+
 isoprobe's side is ``ForecastModule.forecast`` of the model ``isoprobe.models.build.build_model``
 builds from the composed Hydra config (``model.checkpoint=bundled``). The official side runs
 under ``torch.no_grad``. Each side is called once to warm up, then the two alternate for
@@ -49,11 +89,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
@@ -80,6 +123,11 @@ LENGTHS = {
     "patchtst": (512, 64),
     "visionts": (144, 48),
     "time_moe": (144, 48),
+    "timesfm25": (144, 48),
+    "moirai2": (144, 48),
+    "tirex": (144, 48),
+    "toto": (144, 48),
+    "toto_raw": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -99,9 +147,21 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "patchtst": lambda m: [m.model],
     "visionts": lambda m: [m.mae],
     "time_moe": lambda m: [m.network.model, *m.network.lm_heads],
+    "timesfm25": lambda m: [m.network],
+    "moirai2": lambda m: [m.network],
+    "tirex": lambda m: [m.network],
+    "toto": lambda m: [m.network],
+    "toto_raw": lambda m: [m.network],
 }
 #: cases that are not a model config of their own: their model overrides
-MODEL = {"chronos_generate": ["model=chronos", "model.sampler=generate"]}
+MODEL = {
+    "chronos_generate": ["model=chronos", "model.sampler=generate"],
+    "toto_raw": ["model=toto", "model.standardise=false"],
+}
+#: models whose isoprobe forecast sorts each step's quantiles (crossing ones ordered) where
+#: the official pipeline returns them as its heads give them: agreement is read against the
+#: official's quantiles sorted likewise (WQL is each side's own)
+SORTS_QUANTILES = {"timesfm25", "moirai2", "tirex"}
 #: models without a bundled checkpoint: the weights both sides use
 CHECKPOINT = {"visionts": "scratch"}
 #: per model: functions (module, name) that are network steps called outside a module forward
@@ -110,6 +170,71 @@ SEED = 0
 Official = Callable[[Tensor], Tensor]  # context [B, L] -> quantiles [B, 9, H]
 #: the official builder of a model isoprobe is timed alone against (no official path here)
 NO_OFFICIAL = None
+OFFICIAL_DIR = Path(__file__).resolve().parent / "official"
+#: where the side environments' pythons are given: ``--side-python NAME=PATH`` or this + NAME
+SIDE_PYTHON_VARIABLE = "ISOPROBE_SIDE_PYTHON_"
+
+
+@dataclass(frozen=True)
+class Side:
+    """An official pipeline that runs in a side environment of its own, in the same bench run:
+    ``bench/official/<name>_pipeline.py`` served by ``bench/official/serve.py`` (its docstring
+    has the protocol) under the side environment's python, on the checkpoint isoprobe loaded."""
+
+    name: str
+
+
+class SidePipeline:
+    """The served official pipeline of one model: the windows handed over once (an npz), then
+    one seeded, timed call per request, while the server waits between calls; ``reason`` is
+    set (one line) and nothing runs where no side python is given or it fails to load."""
+
+    def __init__(self, side: Side, python: str | None, module, context: Tensor, out: str):
+        self.process, self.reason, self.calls = None, None, 0
+        self.folder = Path(out) / f"side-{side.name}"
+        variable = SIDE_PYTHON_VARIABLE + side.name.upper()
+        if python is None:
+            self.reason = f"no side python given (--side-python {side.name}=PATH or ${variable})"
+            return
+        checkpoint = module.resolved_checkpoint
+        if checkpoint.kind not in ("bundled", "path"):
+            self.reason = f"the checkpoint is {checkpoint.describe()}, not a local directory"
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        task = self.folder / "task.npz"
+        np.savez(
+            task,
+            context=context.numpy(),
+            prediction_length=np.array(module.prediction_length),
+            num_samples=np.array(getattr(module, "num_samples", 1)),
+            levels=np.array(LEVELS),
+        )
+        self.errors = open(self.folder / "stderr.txt", "w")  # noqa: SIM115 - closed in close()
+        serve = [python, str(OFFICIAL_DIR / "serve.py"), side.name, checkpoint.location, str(task)]
+        self.process = subprocess.Popen(
+            serve, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True
+        )
+        line = self.process.stdout.readline().strip()
+        if line != "ready":
+            self.close()
+            self.reason = line.removeprefix("error: ") or f"{python} ended before it was ready"
+
+    def __call__(self, seed: int) -> tuple[float, Tensor]:
+        """Seconds of the official call seeded with ``seed`` (timed in the side process) and its
+        quantiles."""
+        path = self.folder / f"call-{self.calls}.npy"
+        self.calls += 1
+        self.process.stdin.write(f"{seed} {path}\n")
+        self.process.stdin.flush()
+        seconds = float(self.process.stdout.readline())
+        return seconds, torch.from_numpy(np.load(path))
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait()
+            self.errors.close()
+            self.process = None
 
 
 def official_chronos(module) -> Official:
@@ -251,6 +376,11 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "patchtst": ("PatchTST", official_patchtst),
     "visionts": ("VisionTS", official_visionts),
     "time_moe": ("Time-MoE", NO_OFFICIAL),
+    "timesfm25": ("TimesFM 2.5", Side("timesfm25")),
+    "moirai2": ("Moirai 2.0", Side("moirai2")),
+    "tirex": ("TiRex", Side("tirex")),
+    "toto": ("Toto", Side("toto")),
+    "toto_raw": ("Toto raw", Side("toto")),
 }
 
 
@@ -328,47 +458,70 @@ def share_in_forward(
     return inside[0] / total
 
 
-def compare(name: str, rounds: int, out: str) -> dict:
-    title, make_official = CASES[name]
-    module, batch = build(name, out)
-    if make_official is NO_OFFICIAL:
-        return timed_alone(title, module, batch, rounds, NETWORK[name](module))
+def official_calls(
+    name: str, module, context: Tensor, out: str, side_python: dict[str, str]
+) -> tuple[Callable[[int], tuple[float, Tensor]] | None, str | None, Callable[[], None]]:
+    """The official side of ``name``: a seeded, timed call (None where it cannot run here),
+    why it cannot (one line, or None), and what ends it."""
+    make_official = CASES[name][1]
+    if isinstance(make_official, Side):
+        variable = SIDE_PYTHON_VARIABLE + make_official.name.upper()
+        python = side_python.get(make_official.name, os.environ.get(variable))
+        side = SidePipeline(make_official, python, module, context, out)
+        return (side if side.reason is None else None), side.reason, side.close
     official = make_official(module)
-    context = batch["context"]
-
-    def ours() -> Tensor:
-        return module.forecast(batch).quantiles
+    if official is None:
+        return None, "the official package does not import beside isoprobe", lambda: None
 
     def theirs() -> Tensor:
         with torch.no_grad():
             return official(context)
 
-    _, our_out = timed(ours)
-    sides = [(ours, [], [])]
-    if official is None:
+    return (lambda seed: timed(theirs, seed)), None, lambda: None
+
+
+def compare(name: str, rounds: int, out: str, side_python: dict[str, str]) -> dict:
+    title, make_official = CASES[name]
+    module, batch = build(name, out)
+    if make_official is NO_OFFICIAL:
+        return timed_alone(title, module, batch, rounds, NETWORK[name](module))
+    context, target = batch["context"], batch["target"]
+
+    def ours() -> Tensor:
+        return module.forecast(batch).quantiles
+
+    theirs, reason, close = official_calls(name, module, context, out, side_python)
+    our_times, their_times, our_wql, their_wql = [], [], [], []
+    try:
+        _, our_out = timed(ours)
         their_out = torch.full_like(our_out, float("nan"))
-        sides.append((lambda: their_out, [], []))
-    else:
-        _, their_out = timed(theirs)
-        sides.append((theirs, [], []))
-    (_, our_times, our_wql), (_, their_times, their_wql) = sides
-    target = batch["target"]
-    for round_ in range(rounds):
-        for call, times, losses in reversed(sides):
-            seconds, quantiles = timed(call, SEED + round_)
-            times.append(seconds)
-            losses.append(wql(quantiles, target, LEVELS).item())
-    their_mean = sum(their_wql) / rounds
+        if theirs is not None:
+            _, their_out = theirs(SEED)
+            if name in SORTS_QUANTILES:
+                their_out = their_out.sort(dim=1).values
+        for round_ in range(rounds):
+            if theirs is not None:
+                seconds, quantiles = theirs(SEED + round_)
+                their_times.append(seconds)
+                their_wql.append(wql(quantiles, target, LEVELS).item())
+            seconds, quantiles = timed(ours, SEED + round_)
+            our_times.append(seconds)
+            our_wql.append(wql(quantiles, target, LEVELS).item())
+    finally:
+        close()
+    nan = float("nan")
+    their_mean = sum(their_wql) / rounds if theirs is not None else nan
     return {
         "model": title,
         "windows": f"{len(context)} x {context.shape[1]}/{module.prediction_length}",
         "isoprobe": min(our_times),
-        "official": min(their_times) if official is not None else float("nan"),
+        "official": min(their_times) if theirs is not None else nan,
         "agreement": (our_out - their_out).abs().max().item(),
         "wql": (sum(our_wql) / rounds, their_mean),
-        "seed_spread": (max(their_wql) - min(their_wql)) / their_mean,
+        "seed_spread": (max(their_wql) - min(their_wql)) / their_mean if their_wql else nan,
         "forward": share_in_forward(ours, NETWORK[name](module), FUNCTIONS.get(name, [])),
         "rounds": (our_times, their_times),
+        "reason": reason,
     }
 
 
@@ -422,20 +575,34 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         ours, theirs = ([f"{t:.4f}" for t in ts] for ts in r["rounds"])
         print(f"  {r['model']}: isoprobe {ours}, official {theirs}")
+    for r in rows:
+        if r.get("reason"):
+            print(f"  {r['model']}: official nan: {r['reason']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="alternating timed calls of each")
+    parser.add_argument(
+        "--side-python",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help=f"the python of a side environment with a model's official package (else "
+        f"${SIDE_PYTHON_VARIABLE}<NAME>), e.g. toto=/tmp/toto-side/bin/python",
+    )
     args = parser.parse_args()
+    side_python = dict(pair.split("=", 1) for pair in args.side_python)
+    if not set(side_python) <= set(CASES):
+        parser.error(f"--side-python names no model of {sorted(CASES)}")
     transformers_logging.disable_progress_bar()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
         f"{os.getloadavg()[0]:.2f}; best of {args.rounds} alternating calls after one warm-up"
     )
     with tempfile.TemporaryDirectory() as out:
-        rows = [compare(name, args.rounds, out) for name in args.models]
+        rows = [compare(name, args.rounds, out, side_python) for name in args.models]
     print_table(rows)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 

@@ -10,7 +10,9 @@ measured (``pytest -s tests/models/test_toto.py`` prints them): the patch embedd
 first space-wise layer and the scaler's loc and scale 0.0 (bit-identical); the blocks <= 3.6e-7,
 the time-wise attentions <= 2.4e-7; the mixture's df 2.4e-7, loc 1.8e-7, scale 1.2e-7, weights
 6.0e-8; the loss 0.0; with the space-wise layers last (``spacewise-last``) the blocks <= 7.2e-7,
-the attentions <= 2.4e-7, the mixture <= 2.4e-7. The package draws every position's mixture
+the attentions <= 2.4e-7, the mixture <= 2.4e-7; the KV cache's passes (the context, then
+one appended patch at a time) against one pass over the whole series: the mixture <= 3.6e-7.
+The package draws every position's mixture
 and keeps the last patch's, isoprobe draws only the last patch's, so seeded draws differ: their
 quantiles are compared as estimates of the same distribution, 2000 paths each, within 0.3 of
 the package's per-step standard deviation (one comparison's sampling error is about 0.05 of it
@@ -38,7 +40,12 @@ from isoprobe.models.toto.config import (
     parameter_count,
     shape_from_fields,
 )
-from isoprobe.models.toto.network import TotoNetwork, block_layers, causal_patch_statistics
+from isoprobe.models.toto.network import (
+    KeyValueCache,
+    TotoNetwork,
+    block_layers,
+    causal_patch_statistics,
+)
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
@@ -223,6 +230,26 @@ def test_sampled_quantiles_follow_the_official_forecasters_samples(tmp_path):
     )
     print(f"parity sampled quantiles: {gap.max():.2f} standard deviations")
     assert gap.max() < SAMPLED
+
+
+@pytest.mark.parametrize("where", [FIXTURE, SPACEWISE_LAST], ids=["first", "last"])
+def test_passes_through_the_kv_cache_give_the_whole_series_mixture(tmp_path, where):
+    """A pass over the context, then one over each appended patch alone (reading the cached
+    keys and values, as the forecast's roll-out does), give every step's mixture as one pass
+    over the whole series does (within the layers' tolerance: only rounding differs)."""
+    model, batch, _ = fixture_model(tmp_path, where=where)
+    series = model._series(batch["context"])
+    appended = torch.randn(3, 1, 8, generator=torch.Generator().manual_seed(0)) * 2 + 5
+    whole = torch.cat([series, appended], dim=-1)
+    start = series.shape[-1]
+    cache = KeyValueCache()
+    with torch.no_grad():
+        _, expected, _, _ = model._run(whole, start)
+        parts = [model._run(whole[..., :end], start, cache)[1] for end in (start, start + 4)]
+        parts.append(model._run(whole, start, cache)[1])
+    for i, name in enumerate(("df", "loc", "scale", "weights")):
+        cached = torch.cat([part[i] for part in parts], dim=2)
+        assert largest_difference(cached, expected[i].numpy(), f"kv cache {name}") < LAYERS
 
 
 def test_forecasts_are_seeded_and_draw_every_path(tmp_path):

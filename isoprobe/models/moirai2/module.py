@@ -156,10 +156,12 @@ class Moirai2Module(ForecastModule):
         return self.network.shape
 
     # ----------------------------------------------------------------- running the network
-    def _run(self, series: Tensor) -> tuple[Tensor, Tensor, Tensor, Packed]:
+    def _run(
+        self, series: Tensor, last_only: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor, Packed]:
         """One pass over ``series`` [B, T]: the head's standardised quantiles
-        [B, N, num_predict_token, Q, p], each patch's ``loc`` and ``scale`` [B, N] and the
-        packed patches."""
+        [B, N, num_predict_token, Q, p] (``last_only``: the last patch's, N = 1), each patch's
+        ``loc`` and ``scale`` [B, N] and the packed patches."""
         packed = pack(series, self.shape.patch_size)
         if self.shape.scaling:
             loc, scale = standardisation(packed)
@@ -167,13 +169,13 @@ class Moirai2Module(ForecastModule):
             loc = torch.zeros(packed.sample_id.shape, device=series.device)
             scale = torch.ones_like(loc)
         scaled = (packed.values - loc[..., None]) / scale[..., None]
-        _, out = self.network(scaled, packed.observed, packed.sample_id, packed.time_id)
+        _, out = self.network(scaled, packed.observed, packed.sample_id, packed.time_id, last_only)
         return out, loc, scale, packed
 
     def _next_patches(self, series: Tensor, count: int) -> Tensor:
         """The last patch's forecast of the ``count`` patches after ``series``, in its scale:
         [B, count, Q, p]."""
-        out, loc, scale, _ = self._run(series)
+        out, loc, scale, _ = self._run(series, last_only=True)
         return out[:, -1, :count] * scale[:, -1, None, None, None] + loc[:, -1, None, None, None]
 
     def _decode(self, context: Tensor) -> Tensor:

@@ -67,10 +67,21 @@ def rotate_first_half(x: Tensor, time_id: Tensor) -> Tensor:
     ``(x_{2i}, x_{2i+1})``, becomes ``(a cos - b sin, b cos + a sin)`` at angle
     ``t theta_i``, ``theta_i = 10000^(-2i / (d/2))``, ``t`` = ``time_id`` [B, N]; the second
     half is left as it is."""
-    width = x.shape[-1] // 2
-    theta = 1.0 / ROTARY_BASE ** (torch.arange(0, width, 2, device=x.device).float() / width)
+    return rotate_first_half_at(x, *rotary_angles(time_id, x.shape[-1]))
+
+
+def rotary_angles(time_id: Tensor, head_width: int) -> tuple[Tensor, Tensor]:
+    """The cosines and sines [B, 1, N, head_width / 4] of :func:`rotate_first_half`'s angles,
+    the same in every layer."""
+    width = head_width // 2
+    theta = 1.0 / ROTARY_BASE ** (torch.arange(0, width, 2, device=time_id.device).float() / width)
     angles = time_id[:, None, :, None].float() * theta
-    cos, sin = angles.cos(), angles.sin()
+    return angles.cos(), angles.sin()
+
+
+def rotate_first_half_at(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`rotate_first_half` at the angles of :func:`rotary_angles`."""
+    width = x.shape[-1] // 2
     turned, kept = x[..., :width], x[..., width:]
     a, b = turned[..., 0::2], turned[..., 1::2]
     pairs = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
@@ -109,10 +120,11 @@ class Attention(nn.Module):
     def _heads(self, x: Tensor) -> Tensor:
         return x.view(*x.shape[:2], self.heads, HEAD_WIDTH).transpose(1, 2)
 
-    def forward(self, x: Tensor, allowed: Tensor, time_id: Tensor) -> Tensor:
-        """``x`` [B, N, d]; ``allowed`` [B, N, N] (query, key); ``time_id`` [B, N]."""
-        q = rotate_first_half(self.q_norm(self._heads(self.q_proj(x))), time_id)
-        k = rotate_first_half(self.k_norm(self._heads(self.k_proj(x))), time_id)
+    def forward(self, x: Tensor, allowed: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        """``x`` [B, N, d]; ``allowed`` [B, N, N] (query, key); ``rotary``: the cosines and
+        sines of the patches' rotary angles (:func:`rotary_angles`)."""
+        q = rotate_first_half_at(self.q_norm(self._heads(self.q_proj(x))), *rotary)
+        k = rotate_first_half_at(self.k_norm(self._heads(self.k_proj(x))), *rotary)
         v = self._heads(self.v_proj(x))
         scores = q @ k.transpose(-2, -1) / math.sqrt(HEAD_WIDTH) + self.var_attn_bias()
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))
@@ -149,8 +161,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(shape.d_model)
         self.dropout = nn.Dropout(shape.dropout_p)
 
-    def forward(self, x: Tensor, allowed: Tensor, time_id: Tensor) -> Tensor:
-        x = x + self.dropout(self.self_attn(self.norm1(x), allowed, time_id))
+    def forward(self, x: Tensor, allowed: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:
+        x = x + self.dropout(self.self_attn(self.norm1(x), allowed, rotary))
         return x + self.ffn(self.norm2(x))
 
 
@@ -163,8 +175,9 @@ class Encoder(nn.Module):
         self.norm = RMSNorm(shape.d_model)
 
     def forward(self, x: Tensor, allowed: Tensor, time_id: Tensor) -> Tensor:
+        rotary = rotary_angles(time_id, HEAD_WIDTH)  # once for every layer
         for layer in self.layers:
-            x = layer(x, allowed, time_id)
+            x = layer(x, allowed, rotary)
         return self.norm(x)
 
 
@@ -180,17 +193,25 @@ class Moirai2Network(nn.Module):
         self.out_proj = ResidualBlock(width, width, shape.outputs)
 
     def forward(
-        self, scaled: Tensor, observed: Tensor, sample_id: Tensor, time_id: Tensor
+        self,
+        scaled: Tensor,
+        observed: Tensor,
+        sample_id: Tensor,
+        time_id: Tensor,
+        last_only: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Standardised patches ``scaled`` [B, N, p], ``observed`` [B, N, p], ``sample_id`` and
         ``time_id`` [B, N] -> the final norm's output [B, N, d] and the quantiles
-        [B, N, num_predict_token, Q, p] of the patches after each, standardised."""
+        [B, N, num_predict_token, Q, p] of the patches after each, standardised;
+        ``last_only``: the quantiles after the last patch alone (N = 1 in them: all a
+        forecast reads)."""
         same_sample = sample_id[:, :, None] == sample_id[:, None, :]
         allowed = same_sample & (time_id[:, None, :] <= time_id[:, :, None])
         x = self.in_proj(torch.cat([scaled, observed.to(scaled.dtype)], dim=-1))
         x = self.encoder(x, allowed, time_id)
         shape = self.shape
-        out = self.out_proj(x).view(
-            *x.shape[:2], shape.num_predict_token, len(shape.quantile_levels), shape.patch_size
+        ends = x[:, -1:] if last_only else x
+        out = self.out_proj(ends).view(
+            *ends.shape[:2], shape.num_predict_token, len(shape.quantile_levels), shape.patch_size
         )
         return x, out

@@ -49,6 +49,7 @@ from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.kv_cache import KeyValueCache
 from isoprobe.models.quantiles import register_level_weights
 from isoprobe.models.timesfm25.config import TimesFm25Shape, official_config
 from isoprobe.models.timesfm25.loading import load_network
@@ -156,38 +157,48 @@ class TimesFm25Module(ForecastModule):
         missing = series.isnan().view(len(series), -1, patch)
         return series.nan_to_num(0.0).view(len(series), -1, patch), missing
 
-    def _run(self, series: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _run(
+        self, series: Tensor, last_only: bool = False, cache: KeyValueCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One pass over ``series``: the point and quantile heads [B, N, steps, 1 + Q] in each
-        patch's normalised units, and each patch's running mean and deviation [B, N]."""
+        patch's normalised units (``last_only``: the last patch's, N = 1), and each patch's
+        running mean and deviation [B, N]; with a ``cache``, the heads of the patches past the
+        cached ones (:meth:`TimesFm25Network.forward`)."""
         values, missing = self._patches(series)
         mean, deviation = running_statistics(values, missing)
         normed = normalise(values, mean[..., None], deviation[..., None]).masked_fill(missing, 0)
-        _, point, spread = self.network(normed, missing)
+        _, point, spread = self.network(normed, missing, last_only, cache)
         return point, spread, mean, deviation
 
     def _decode(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """The official ``decode``: [B, prediction_length, 1 + Q] of the point head (decoded
         autoregressively past ``output_patch_len``) and [B, output_quantile_len, 1 + Q] of the
         quantile head at the last context patch, in the batch's scale."""
-        point, spread, mean, deviation = self._run(context)
+        # a decoded output patch is whole input patches (the shape requires it), so appending it
+        # leaves the left padding and every earlier patch as they were: the passes after the
+        # first run the appended patches alone, through a KV cache
+        cache = KeyValueCache()
+        point, spread, mean, deviation = self._run(context, last_only=True, cache=cache)
         mean, deviation = mean[:, -1, None, None], deviation[:, -1, None, None]
         outputs = [denormalise(point[:, -1], mean, deviation)]
         spread = denormalise(spread[:, -1], mean, deviation)
         series = context
         for _ in range(math.ceil(self.prediction_length / self.shape.output_patch_len) - 1):
             series = torch.cat([series, outputs[-1][..., self.shape.decode_index]], dim=1)
-            point, _, mean, deviation = self._run(series)
+            point, _, mean, deviation = self._run(series, last_only=True, cache=cache)
             step = denormalise(point[:, -1], mean[:, -1, None, None], deviation[:, -1, None, None])
             outputs.append(step)
         return torch.cat(outputs, dim=1)[:, : self.prediction_length], spread
 
     def _predict(self, context: Tensor) -> Tensor:
         """[B, prediction_length, 1 + Q]: the package's ``forecast`` (module docstring)."""
-        forecast, spread = self._decode(context)
-        if self.force_flip_invariance:
-            flipped, flipped_spread = self._decode(-context)
+        if self.force_flip_invariance:  # the window and its negation decoded as one batch
+            forecast, spread = self._decode(torch.cat([context, -context]))
+            (forecast, flipped), (spread, flipped_spread) = forecast.chunk(2), spread.chunk(2)
             forecast = (forecast - flip_levels(flipped)) / 2
             spread = (spread - flip_levels(flipped_spread)) / 2
+        else:
+            forecast, spread = self._decode(context)
         if self.use_continuous_quantile_head:
             median = self.shape.decode_index
             spread = spread[:, : self.prediction_length]

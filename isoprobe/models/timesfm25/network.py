@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from isoprobe.models.kv_cache import KeyValueCache
 from isoprobe.models.timesfm25.config import TimesFm25Shape
 
 #: RMSNorm's epsilon and the official ``1 / ln 2`` of the per-dimension query scale
@@ -120,14 +121,29 @@ class Attention(nn.Module):
         self.key_ln = RMSNorm(self.head_dim)
         self.per_dim_scale = QueryScale(self.head_dim)
 
-    def forward(self, x: Tensor, visible: Tensor, positions: Tensor) -> Tensor:
-        """``x`` [B, N, d]; ``visible`` [B, N] (a patch is a key); ``positions`` [B, N]."""
+    def forward(
+        self,
+        x: Tensor,
+        visible: Tensor,
+        positions: Tensor,
+        cache: KeyValueCache | None = None,
+    ) -> Tensor:
+        """``x`` [B, N, d]; ``visible`` [B, N] (a patch is a key); ``positions`` [B, N]. With
+        a ``cache``, ``x`` and ``positions`` are the patches after the cached ones, whose keys
+        and values it reads and extends, and ``visible`` covers them all."""
         batch, length, width = x.shape
         q, k, v = self.qkv_proj(x).view(batch, length, 3, self.heads, self.head_dim).unbind(2)
         q = self.per_dim_scale(self.query_ln(rotate(q, positions)))
         k = self.key_ln(rotate(k, positions))
-        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        allowed = causal & visible[:, None, :]
+        start = 0
+        if cache is not None:
+            start = cache.tokens
+            if start:
+                cached_k, cached_v = cache.entries[self]
+                k, v = torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
+            cache.entries[self] = (k, v)
+        causal = torch.ones(length, start + length, dtype=torch.bool, device=x.device)
+        allowed = causal.tril(start) & visible[:, None, :]
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
         scores = scores.masked_fill(~allowed[:, None], float("-inf"))
         sees = allowed.any(-1)[:, None, :, None]
@@ -161,8 +177,14 @@ class Block(nn.Module):
         self.ff = FeedForward(width, shape.hidden_dims)
         self.post_ff_ln = RMSNorm(width)
 
-    def forward(self, x: Tensor, visible: Tensor, positions: Tensor) -> Tensor:
-        x = x + self.post_attn_ln(self.attn(self.pre_attn_ln(x), visible, positions))
+    def forward(
+        self,
+        x: Tensor,
+        visible: Tensor,
+        positions: Tensor,
+        cache: KeyValueCache | None = None,
+    ) -> Tensor:
+        x = x + self.post_attn_ln(self.attn(self.pre_attn_ln(x), visible, positions, cache))
         return x + self.post_ff_ln(self.ff(self.pre_ff_ln(x)))
 
 
@@ -182,18 +204,34 @@ class TimesFm25Network(nn.Module):
             width, width, shape.output_quantile_len * shape.channels, bias=False
         )
 
-    def forward(self, values: Tensor, missing: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self,
+        values: Tensor,
+        missing: Tensor,
+        last_only: bool = False,
+        cache: KeyValueCache | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Normalised patches ``values`` [B, N, p] (0 where missing) and ``missing`` [B, N, p]
         -> the last block's stream [B, N, d], the point head [B, N, o, channels] and the
-        quantile head [B, N, os, channels], in each patch's normalised units."""
+        quantile head [B, N, os, channels], in each patch's normalised units; ``last_only``:
+        the heads of the last patch alone (N = 1 in theirs: all a forecast reads). With a
+        ``cache`` (a forecast's roll-out), the patches it holds are not run again: the stream
+        and the heads are those of the patches after them, which it then holds too. That is
+        exact: a patch's normalisation (running statistics), position (visible patches before
+        it) and attention (causal) read nothing after it."""
         visible = ~missing.all(dim=-1)
         positions = visible.long().cumsum(dim=-1) - 1
+        start = 0 if cache is None else cache.tokens
+        values, missing, positions = values[:, start:], missing[:, start:], positions[:, start:]
         x = self.tokenizer(torch.cat([values, missing.to(values.dtype)], dim=-1))
         for block in self.stacked_xf:
-            x = block(x, visible, positions)
-        batch, length, _ = x.shape
-        point = self.output_projection_point(x).view(batch, length, -1, self.shape.channels)
-        spread = self.output_projection_quantiles(x).view(batch, length, -1, self.shape.channels)
+            x = block(x, visible, positions, cache)
+        if cache is not None:
+            cache.tokens += x.shape[1]
+        ends = x[:, -1:] if last_only else x
+        batch, length, _ = ends.shape
+        point = self.output_projection_point(ends).view(batch, length, -1, self.shape.channels)
+        spread = self.output_projection_quantiles(ends).view(batch, length, -1, self.shape.channels)
         return x, point, spread
 
 

@@ -13,14 +13,16 @@ and a missing step reads 0 in those scaled units, the value the official model r
 series' left padding; a patch without an observed value is still attended, as the official
 time-wise attention masks nothing but the future.
 
-Forecasts follow the official ``TotoForecaster.generate_samples`` without a KV cache:
-``num_samples`` copies of the window (sample-major), and per output patch one pass over the
-series so far, one draw per copy from the mixture of the last patch's steps mapped back by that
-patch's loc and scale (a draw that is not finite, or beyond half float's range, reads 0, as the
-package's ``replace_extreme_values``), appended as observed values; the global scale stays the
-context's. The quantiles are the draws' empirical quantiles (:meth:`Forecast.from_samples`).
-The package draws every position's mixture and keeps the last patch; isoprobe draws only the
-last patch's, so seeded draws differ from the package's while following the same distribution.
+Forecasts follow the official ``TotoForecaster.generate_samples`` with its KV cache
+(:class:`~isoprobe.models.toto.network.KeyValueCache`): one pass over the window, shared by
+``num_samples`` copies of it (sample-major), then per output patch one pass over the patch
+appended last alone, reading the cached keys and values; one draw per copy from the mixture of
+the last patch's steps mapped back by that patch's loc and scale (a draw that is not finite, or
+beyond half float's range, reads 0, as the package's ``replace_extreme_values``), appended as
+observed values; the global scale stays the context's. The quantiles are the draws' empirical
+quantiles (:meth:`Forecast.from_samples`). The package draws every position's mixture and keeps
+the last patch; isoprobe draws only the last patch's, so seeded draws differ from the package's
+while following the same distribution.
 
 The loss is the official fine-tuning objective (``TotoForFinetuning``, ``CombinedLoss``): at
 every step ``t`` of the series, the mixture predicts step ``t + p`` scaled by step ``t``'s loc
@@ -52,6 +54,7 @@ from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
 from isoprobe.models.toto.config import TotoShape, official_config
 from isoprobe.models.toto.loading import load_network
 from isoprobe.models.toto.network import (
+    KeyValueCache,
     TotoNetwork,
     causal_patch_statistics,
     mixture,
@@ -151,15 +154,18 @@ class TotoModule(ForecastModule):
             series = torch.cat([series, tail], dim=1)
         return series[:, None]
 
-    def _run(self, series: Tensor, prefix: int) -> tuple[Tensor, tuple, Tensor, Tensor]:
+    def _run(
+        self, series: Tensor, prefix: int, cache: KeyValueCache | None = None
+    ) -> tuple[Tensor, tuple, Tensor, Tensor]:
         """One pass over ``series`` [B, 1, T] (NaN = missing): the last block's output, the
         mixture's parameters per step, and each step's loc and scale; ``prefix``: the steps
-        the scaler's global clamp reads."""
+        the scaler's global clamp reads. With a ``cache``, the output and the parameters are
+        those of the patches past the cached ones."""
         observed = series.isfinite()
         values = series.nan_to_num(0.0)
         loc, scale = causal_patch_statistics(values, observed, self.shape, prefix)
         scaled = ((values - loc) / scale).masked_fill(~observed, 0.0)
-        hidden, parameters = self.network(scaled)
+        hidden, parameters = self.network(scaled, cache)
         return hidden, parameters, loc, scale
 
     # ----------------------------------------------------------------- the contract
@@ -185,10 +191,15 @@ class TotoModule(ForecastModule):
         divisor = self._scale(context)
         series = self._series(context / divisor[:, None])
         start, paths = series.shape[-1], self.num_samples
+        patch, cache = self.shape.patch_size, KeyValueCache()
+        _, parameters, loc, scale = self._run(series, start, cache)  # shared by the paths
+        cache.repeat(paths)
+        parameters = tuple(p[..., -patch:, :].repeat(paths, 1, 1, 1) for p in parameters)
+        loc, scale = loc.repeat(paths, 1, 1), scale.repeat(paths, 1, 1)
         series = series.repeat(paths, 1, 1)
-        patch = self.shape.patch_size
-        for _ in range(math.ceil(self.prediction_length / patch)):
-            _, parameters, loc, scale = self._run(series, start)
+        for step in range(math.ceil(self.prediction_length / patch)):
+            if step:
+                _, parameters, loc, scale = self._run(series, start, cache)
             last = mixture(tuple(p[..., -patch:, :] for p in parameters))
             draw = last.sample() * scale[..., -patch:] + loc[..., -patch:]
             extreme = ~draw.isfinite() | (draw.abs() >= torch.finfo(draw.dtype).max / 2)

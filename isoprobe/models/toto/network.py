@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, MixtureSameFamily, StudentT
 from torch.nn import functional as F
 
+from isoprobe.models import kv_cache
 from isoprobe.models.toto.config import TotoShape
 
 #: RMSNorm's epsilon, the scaler's minimum variance term, the rotary base and the xPos base
@@ -64,14 +65,22 @@ class SwiGLU(nn.Module):
         return F.silu(gate) * value
 
 
-def rotate_with_xpos(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotary positions with xPos scaling (module docstring) on q, k [..., N, d_h]."""
+def rotate_with_xpos(
+    q: Tensor, k: Tensor, start: int = 0, centre: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """Rotary positions with xPos scaling (module docstring) on q, k [..., N, d_h] at patches
+    ``start``, ``start + 1``, ...; the xPos powers are taken from ``centre`` (by default
+    ``⌊(N-1)/2⌋`` of patches 0 ... N-1). A score ``q·k`` depends on the centre only through
+    rounding: the query's factor ``ζ^((n - c)/512)`` and the key's ``ζ^(-(m - c)/512)`` meet
+    as ``ζ^((n - m)/512)``."""
     length, width = q.shape[-2], q.shape[-1]
-    positions = torch.arange(length, device=q.device, dtype=torch.float32)
+    positions = torch.arange(start, start + length, device=q.device, dtype=torch.float32)
     frequencies = 1.0 / ROTARY_BASE ** (torch.arange(0, width, 2, device=q.device).float() / width)
     angles = (positions[:, None] * frequencies).repeat_interleave(2, dim=-1)
     bases = (torch.arange(0, width, 2, device=q.device) + 0.4 * width) / (1.4 * width)
-    power = (positions - positions.max() // 2) / XPOS_BASE
+    if centre is None:
+        centre = positions.max() // 2
+    power = (positions - centre) / XPOS_BASE
     scale = (bases ** power[:, None]).repeat(1, 2).to(q.dtype)
     cos, sin = angles.cos(), angles.sin()
 
@@ -81,6 +90,20 @@ def rotate_with_xpos(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return (x * cos * factor) + (half * sin * factor)
 
     return turn(q, scale), turn(k, scale.reciprocal())
+
+
+class KeyValueCache(kv_cache.KeyValueCache):
+    """The time-wise layers' keys and values of the patches a forecast has run so far
+    (:mod:`isoprobe.models.kv_cache`), so that each later pass runs the new patches alone (the
+    package's KV cache). The causal scaler leaves an earlier patch's scaled values as they were
+    when patches are appended (its statistics run forward; the global clamp reads the context
+    alone), and time-wise attention is causal, so an earlier patch's keys and values do not
+    change. The xPos ``centre`` is the first pass's, kept for the later ones
+    (:func:`rotate_with_xpos`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.centre: int | None = None
 
 
 class Attention(nn.Module):
@@ -95,21 +118,33 @@ class Attention(nn.Module):
         self.wQKV = nn.Linear(shape.embed_dim, 3 * shape.embed_dim)
         self.wO = nn.Linear(shape.embed_dim, shape.embed_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``x`` [B, V, N, d] -> [B, V, N, d]."""
+    def forward(self, x: Tensor, cache: KeyValueCache | None = None) -> Tensor:
+        """``x`` [B, V, N, d] -> [B, V, N, d]; with a ``cache`` (time-wise), ``x`` holds the
+        patches after the cached ones, whose keys and values it reads and extends."""
         batch, variates, length, width = x.shape
         rows = x.transpose(1, 2) if self.spacewise else x
         rows = rows.reshape(-1, rows.shape[2], width)
         qkv = self.wQKV(rows).unflatten(-1, (3, self.head_dim, self.heads))
         q, k, v = qkv.permute(2, 0, 4, 1, 3).unbind(0)
-        if not self.spacewise:
+        mask, causal = None, not self.spacewise
+        if not self.spacewise and cache is not None:
+            start = cache.tokens
+            q, k = rotate_with_xpos(q, k, start, cache.centre)
+            if start:
+                cached_k, cached_v = cache.entries[self]
+                k, v = torch.cat([cached_k, k], dim=-2), torch.cat([cached_v, v], dim=-2)
+                mask = torch.ones(length, start + length, dtype=torch.bool, device=x.device)
+                mask, causal = mask.tril(start), False
+            cache.entries[self] = (k, v)
+        elif not self.spacewise:
             q, k = rotate_with_xpos(q, k)
         mixed = F.scaled_dot_product_attention(
             q,
             k,
             v,
+            attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=not self.spacewise,
+            is_causal=causal,
         )
         mixed = mixed.transpose(1, 2).flatten(-2)
         if self.spacewise:
@@ -135,8 +170,8 @@ class Layer(nn.Module):
             nn.Dropout(shape.dropout),
         )
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.norm1(x))
+    def forward(self, x: Tensor, cache: KeyValueCache | None = None) -> Tensor:
+        x = x + self.attention(self.norm1(x), cache)
         return x + self.mlp(self.norm2(x))
 
 
@@ -150,10 +185,10 @@ class Block(nn.Module):
         self.space = Layer(shape, spacewise=True) if spacewise else None
         self.time = Layer(shape, spacewise=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: KeyValueCache | None = None) -> Tensor:
         if self.space is not None and self.space_first:
             x = self.space(x)
-        x = self.time(x)
+        x = self.time(x, cache)
         if self.space is not None and not self.space_first:
             x = self.space(x)
         return x
@@ -216,13 +251,22 @@ class TotoNetwork(nn.Module):
         """Scaled series [B, V, T] (T a multiple of the patch) -> tokens [B, V, N, d]."""
         return self.patch_embed.projection(scaled.unflatten(-1, (-1, self.shape.patch_size)))
 
-    def forward(self, scaled: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
+    def forward(
+        self, scaled: Tensor, cache: KeyValueCache | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor]]:
         """Scaled series [B, V, T] -> the last block's output [B, V, N, d] and the mixture's
         parameters per step [B, V, T, k] (step t's distribution is of step t + p's scaled
-        value)."""
+        value). With a ``cache``, the patches it holds are not run again: N and T count the
+        patches after them, which it then holds too."""
+        if cache is not None:
+            scaled = scaled[..., cache.tokens * self.shape.patch_size :]
         x = self.embed(scaled)
+        if cache is not None and cache.centre is None:
+            cache.centre = (x.shape[2] - 1) // 2
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cache)
+        if cache is not None:
+            cache.tokens += x.shape[2]
         steps = self.unembed(x).unflatten(-1, (self.shape.patch_size, -1)).flatten(2, 3)
         return x, self.output_distribution(steps)
 
