@@ -56,6 +56,11 @@ it); all 144 / 48:
   isoprobe's default ``standardise`` divides each window by its scale first (row ``Toto``);
   row ``Toto raw`` (``model.standardise=false``) forecasts the raw values as the package does,
   the same distribution, whose dWQL is read against the official seed spread.
+- Sundial: the published remote code's ``SundialForPrediction.generate`` (``revin=True``) on
+  ``from_pretrained``, 100 paths per window in one batch, ``torch.quantile`` of the paths
+  (``bench/official/sundial_pipeline.py``; the code's package named by
+  ``$ISOPROBE_SUNDIAL_CODE``). Its sampled paths are the same distribution as isoprobe's (the
+  fixture test draws them equal under one seed), read against the official seed spread.
 
 TimesFM 2.5, Moirai 2.0 and TiRex sort each step's quantiles in isoprobe, where their heads
 cross, and the packages return them as the heads give them: their agreement is read against the
@@ -128,6 +133,7 @@ LENGTHS = {
     "tirex": (144, 48),
     "toto": (144, 48),
     "toto_raw": (144, 48),
+    "sundial": (144, 48),
 }
 #: per model: the modules whose forward calls are "the network" in isoprobe's forecast
 NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
@@ -152,6 +158,7 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "tirex": lambda m: [m.network],
     "toto": lambda m: [m.network],
     "toto_raw": lambda m: [m.network],
+    "sundial": lambda m: [m.network],
 }
 #: cases that are not a model config of their own: their model overrides
 MODEL = {
@@ -381,6 +388,7 @@ CASES: dict[str, tuple[str, Callable[..., Official]]] = {
     "tirex": ("TiRex", Side("tirex")),
     "toto": ("Toto", Side("toto")),
     "toto_raw": ("Toto raw", Side("toto")),
+    "sundial": ("Sundial", Side("sundial")),
 }
 
 

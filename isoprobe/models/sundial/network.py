@@ -185,8 +185,9 @@ class ResidualBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
 
-    def forward(self, x: Tensor, condition: Tensor) -> Tensor:
-        shift, scale, gate = self.adaLN_modulation(condition).chunk(3, dim=-1)
+    def forward(self, x: Tensor, modulation: Tensor) -> Tensor:
+        """``x`` [..., N, w] under the modulation [N, 3w] of its rows' condition."""
+        shift, scale, gate = modulation.chunk(3, dim=-1)
         return x + gate * self.mlp(modulated(self.in_ln(x), shift, scale))
 
 
@@ -199,8 +200,9 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(width, out)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
 
-    def forward(self, x: Tensor, condition: Tensor) -> Tensor:
-        shift, scale = self.adaLN_modulation(condition).chunk(2, dim=-1)
+    def forward(self, x: Tensor, modulation: Tensor) -> Tensor:
+        """``x`` [..., N, w] under the modulation [N, 2w] of its rows' condition."""
+        shift, scale = modulation.chunk(2, dim=-1)
         return self.linear(modulated(self.norm_final(x), shift, scale))
 
 
@@ -221,10 +223,22 @@ class FlowNet(nn.Module):
         """Given token states ``state`` [N, d], ``noisy`` outputs [N, P] at times ``t`` [N] ->
         the predicted clean outputs [N, P]."""
         condition = self.time_embed(t) + self.cond_embed(state)
+        return self.denoise(noisy, self.modulations(condition))
+
+    def modulations(self, condition: Tensor) -> list[Tensor]:
+        """Each residual block's and the final layer's adaptive-norm parameters [N, k w] of
+        the conditions [N, w] (time embedding plus state embedding)."""
+        blocks = [block.adaLN_modulation(condition) for block in self.res_blocks]
+        return [*blocks, self.final_layer.adaLN_modulation(condition)]
+
+    def denoise(self, noisy: Tensor, modulations: list[Tensor]) -> Tensor:
+        """The predicted clean outputs [..., N, P] of ``noisy`` [..., N, P] under the
+        ``modulations`` of their rows' conditions (leading dimensions broadcast: the samples
+        of one token share its condition)."""
         x = self.input_proj(noisy)
-        for block in self.res_blocks:
-            x = block(x, condition)
-        return self.final_layer(x, condition)
+        for block, modulation in zip(self.res_blocks, modulations[:-1], strict=True):
+            x = block(x, modulation)
+        return self.final_layer(x, modulations[-1])
 
 
 class FlowHead(nn.Module):
@@ -244,15 +258,24 @@ class FlowHead(nn.Module):
 
     def sample(self, hidden: Tensor, num_samples: int) -> Tensor:
         """``num_samples`` draws [B, S, P] from the last layer's outputs ``hidden`` [B, d] by
-        Euler steps (module docstring); the noise is one draw of [S · B, P], sample-major."""
+        Euler steps (module docstring); the noise is one draw of [S · B, P], sample-major.
+
+        The official code repeats each state for its samples and embeds every copy, and the
+        time of a step, at every step. A token's condition, and hence its modulations, is the
+        same for all its samples and the time the same for all tokens, so here the state is
+        embedded once, the time once per step, the modulations once per step and token, and
+        broadcast over the samples: the same numbers (to float rounding), S times fewer rows
+        through everything but the noisy outputs' path."""
         state = self.norm(hidden)
-        states = state.repeat(num_samples, 1)
-        noise = torch.randn(len(states), self.output_length, device=state.device)
+        embedded = self.net.cond_embed(state)
+        shape = (num_samples, len(state), self.output_length)
+        noise = torch.randn(shape[0] * shape[1], shape[2], device=state.device).view(shape)
         x, step = noise, 1.0 / self.sampling_steps
         for i in range(self.sampling_steps):
-            t = torch.full((len(states),), i / self.sampling_steps, device=state.device)
-            x = x + (self.net(states, x, t) - noise) * step
-        return x.view(num_samples, len(state), -1).transpose(0, 1)
+            t = torch.full((1,), i / self.sampling_steps, device=state.device)
+            modulations = self.net.modulations(self.net.time_embed(t) + embedded)
+            x = x + (self.net.denoise(x, modulations) - noise) * step
+        return x.transpose(0, 1)
 
 
 def flow_matching_loss(
