@@ -87,7 +87,13 @@ more isoprobe forecast spent inside the network's forward passes (forward hooks 
 named in ``NETWORK``, and for the fast T5 sampler its ``decode_step``; only the outermost call
 counts), the rest being preprocessing, sampling and quantiles.
 
-Run: ``.venv/bin/python bench/forecast_throughput.py [--models chronos moirai --rounds 3]``.
+On a GPU (``--device cuda``) both sides forecast on the first GPU (the official pipelines loaded
+with ``device_map``, or moved there), each call timed between ``torch.cuda.synchronize()``; the
+in-forward share reads nan there (the hooks' clocks do not see the GPU's queued work), and the
+side environments' pipelines stay on the CPU.
+
+Run: ``.venv/bin/python bench/forecast_throughput.py [--models chronos moirai --rounds 3
+--device cpu]``.
 """
 
 from __future__ import annotations
@@ -180,6 +186,14 @@ NO_OFFICIAL = None
 OFFICIAL_DIR = Path(__file__).resolve().parent / "official"
 #: where the side environments' pythons are given: ``--side-python NAME=PATH`` or this + NAME
 SIDE_PYTHON_VARIABLE = "ISOPROBE_SIDE_PYTHON_"
+#: ``--device``: cpu | cuda (set by :func:`main`)
+DEVICE = "cpu"
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work where the bench runs on one."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 @dataclass(frozen=True)
@@ -211,7 +225,7 @@ class SidePipeline:
         task = self.folder / "task.npz"
         np.savez(
             task,
-            context=context.numpy(),
+            context=context.cpu().numpy(),
             prediction_length=np.array(module.prediction_length),
             num_samples=np.array(getattr(module, "num_samples", 1)),
             levels=np.array(LEVELS),
@@ -247,7 +261,9 @@ class SidePipeline:
 def official_chronos(module) -> Official:
     from chronos import ChronosPipeline
 
-    pipeline = ChronosPipeline.from_pretrained(bundled_path("chronos-t5-mini"), dtype=torch.float32)
+    pipeline = ChronosPipeline.from_pretrained(
+        bundled_path("chronos-t5-mini"), dtype=torch.float32, device_map=DEVICE
+    )
     samples = module.chronos_config.num_samples
 
     def predict(context: Tensor) -> Tensor:
@@ -263,7 +279,7 @@ def official_chronos_bolt(module) -> Official:
     from chronos import ChronosBoltPipeline
 
     path = bundled_path("chronos-bolt-mini")
-    pipeline = ChronosBoltPipeline.from_pretrained(path, dtype=torch.float32)
+    pipeline = ChronosBoltPipeline.from_pretrained(path, dtype=torch.float32, device_map=DEVICE)
 
     def predict(context: Tensor) -> Tensor:
         quantiles, _ = pipeline.predict_quantiles(context, module.prediction_length, LEVELS)
@@ -276,7 +292,7 @@ def official_chronos2(module) -> Official:
     from chronos.chronos2 import Chronos2Pipeline
 
     path = bundled_path("chronos-2-mini")
-    pipeline = Chronos2Pipeline.from_pretrained(path, dtype=torch.float32)
+    pipeline = Chronos2Pipeline.from_pretrained(path, dtype=torch.float32, device_map=DEVICE)
 
     def predict(context: Tensor) -> Tensor:
         quantiles, _ = pipeline.predict_quantiles(
@@ -290,22 +306,27 @@ def official_chronos2(module) -> Official:
 def official_moirai(module) -> Official:
     from uni2ts.model.moirai import MoiraiForecast, MoiraiModule
 
-    forecaster = MoiraiForecast(
-        prediction_length=module.prediction_length,
-        target_dim=1,
-        feat_dynamic_real_dim=0,
-        past_feat_dynamic_real_dim=0,
-        context_length=module.context_length,
-        module=MoiraiModule.from_pretrained(bundled_path("moirai-mini")),
-        patch_size=module.patch_size,
-        num_samples=module.num_samples,
-    ).eval()
+    forecaster = (
+        MoiraiForecast(
+            prediction_length=module.prediction_length,
+            target_dim=1,
+            feat_dynamic_real_dim=0,
+            past_feat_dynamic_real_dim=0,
+            context_length=module.context_length,
+            module=MoiraiModule.from_pretrained(bundled_path("moirai-mini")),
+            patch_size=module.patch_size,
+            num_samples=module.num_samples,
+        )
+        .to(DEVICE)
+        .eval()
+    )
 
     def predict(context: Tensor) -> Tensor:
         nan = context.isnan()
         is_pad = nan.long().cumprod(dim=1).bool()  # the leading missing values
         samples = forecaster(context.nan_to_num(0.0)[..., None], ~nan[..., None], is_pad)
-        return torch.quantile(samples, torch.tensor(LEVELS), dim=1).transpose(0, 1)
+        levels = torch.tensor(LEVELS, device=samples.device)
+        return torch.quantile(samples, levels, dim=1).transpose(0, 1)
 
     return predict
 
@@ -314,7 +335,7 @@ def official_timesfm(module) -> Official:
     from transformers import TimesFmModelForPrediction
 
     path = bundled_path("timesfm-mini")
-    model = TimesFmModelForPrediction.from_pretrained(path, dtype=torch.float32).eval()
+    model = TimesFmModelForPrediction.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
 
     def predict(context: Tensor) -> Tensor:
         series = [row[~row.isnan()] for row in context]
@@ -328,7 +349,7 @@ def official_patchtst(module) -> Official:
     from transformers import PatchTSTForPrediction
 
     path = bundled_path("patchtst-mini")
-    model = PatchTSTForPrediction.from_pretrained(path, dtype=torch.float32).eval()
+    model = PatchTSTForPrediction.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
 
     def predict(context: Tensor) -> Tensor:
         point = model.generate(past_values=context[..., None]).sequences[:, :, :, 0]
@@ -364,7 +385,7 @@ def official_visionts(module) -> Official | None:
     )
     model.vision_model.load_state_dict(to_published(module.mae.state_dict()))
     model.update_config(module.context_length, module.prediction_length, module.periodicity)
-    model.eval()
+    model.to(DEVICE).eval()
 
     def predict(context: Tensor) -> Tensor:
         return model(context[..., None])[..., 0][:, None].expand(-1, len(LEVELS), -1)
@@ -413,22 +434,28 @@ def build(name: str, out: str):
     datamodule.prepare_data()
     datamodule.setup("test")
     batch = next(iter(datamodule.test_dataloader()))
-    return build_model(cfg.model, datamodule).eval(), batch
+    batch = {key: value.to(DEVICE) for key, value in batch.items()}
+    return build_model(cfg.model, datamodule).to(DEVICE).eval(), batch
 
 
 def timed(call: Callable[[], Tensor], seed: int = SEED) -> tuple[float, Tensor]:
-    """Seconds of one call, seeded, and its output."""
+    """Seconds of one call, seeded, and its output (on the CPU)."""
     torch.manual_seed(seed)
+    synchronize()
     start = time.perf_counter()
     out = call()
-    return time.perf_counter() - start, out
+    synchronize()
+    return time.perf_counter() - start, out.cpu()
 
 
 def share_in_forward(
     forecast: Callable[[], Tensor], modules: list[nn.Module], functions: list[tuple] = ()
 ) -> float:
     """The fraction of one ``forecast()`` spent inside the outermost forward of ``modules`` or
-    call of ``functions`` ((owner, name) pairs, wrapped for the call)."""
+    call of ``functions`` ((owner, name) pairs, wrapped for the call); nan on a GPU, whose
+    queued work the hooks' clocks do not see."""
+    if DEVICE == "cuda":
+        return float("nan")
     depth, inside, entered = [0], [0.0], [0.0]
 
     def pre(_module, _args):
@@ -493,7 +520,7 @@ def compare(name: str, rounds: int, out: str, side_python: dict[str, str]) -> di
     module, batch = build(name, out)
     if make_official is NO_OFFICIAL:
         return timed_alone(title, module, batch, rounds, NETWORK[name](module))
-    context, target = batch["context"], batch["target"]
+    context, target = batch["context"], batch["target"].cpu()
 
     def ours() -> Tensor:
         return module.forecast(batch).quantiles
@@ -541,7 +568,7 @@ def timed_alone(title: str, module, batch, rounds: int, network: list[nn.Module]
 
     timed(ours)
     runs = [timed(ours, SEED + round_) for round_ in range(rounds)]
-    losses = [wql(quantiles, batch["target"], LEVELS).item() for _, quantiles in runs]
+    losses = [wql(quantiles, batch["target"].cpu(), LEVELS).item() for _, quantiles in runs]
     context = batch["context"]
     return {
         "model": title,
@@ -600,13 +627,23 @@ def main() -> None:
         help=f"the python of a side environment with a model's official package (else "
         f"${SIDE_PYTHON_VARIABLE}<NAME>), e.g. toto=/tmp/toto-side/bin/python",
     )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where both sides forecast (cuda: the first GPU; the side environments' pipelines "
+        "stay on the CPU)",
+    )
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     side_python = dict(pair.split("=", 1) for pair in args.side_python)
     if not set(side_python) <= set(CASES):
         parser.error(f"--side-python names no model of {sorted(CASES)}")
     transformers_logging.disable_progress_bar()
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average "
+        f"torch {torch.__version__} on {where}, {torch.get_num_threads()} threads, load average "
         f"{os.getloadavg()[0]:.2f}; best of {args.rounds} alternating calls after one warm-up"
     )
     with tempfile.TemporaryDirectory() as out:
