@@ -12,7 +12,6 @@ the official forward.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -114,14 +113,14 @@ class LeanT5Stack(T5Stack):
         attention = OnePositionSelfAttention if self.is_decoder else T5Attention
         norms = [self.final_layer_norm]
         for block in self.block:
-            layers = block.layer
-            if type(layers[0].SelfAttention) is not attention:
+            self_attention, *cross_attention, feed_forward = block.layer
+            if type(self_attention.SelfAttention) is not attention:
                 return False
-            if self.is_decoder and type(layers[1].EncDecAttention) is not T5Attention:
+            if self.is_decoder and type(cross_attention[0].EncDecAttention) is not T5Attention:
                 return False
-            if type(layers[-1].DenseReluDense) is not T5DenseActDense:
+            if type(feed_forward.DenseReluDense) is not T5DenseActDense:
                 return False
-            norms.extend(layer.layer_norm for layer in layers)
+            norms.extend(layer.layer_norm for layer in block.layer)
         return all(type(norm) is T5LayerNorm for norm in norms)
 
     def _lean_forward(
@@ -155,7 +154,7 @@ class LeanT5Stack(T5Stack):
         the feed-forward, block by block."""
         scores_mask = None
         for block in self.block:
-            layer = block.layer[0]
+            layer, feed_forward = block.layer
             attention = layer.SelfAttention
             normed = _norm(layer.layer_norm, hidden)
             query = _heads(attention, attention.q, normed)
@@ -164,7 +163,7 @@ class LeanT5Stack(T5Stack):
             if scores_mask is None:
                 scores_mask = _scores_mask(attention, mask, query, key)
             hidden = hidden + _attend(attention, query, key, value, scores_mask)
-            hidden = _feed_forward(block.layer[-1], hidden)
+            hidden = _feed_forward(feed_forward, hidden)
         return hidden
 
     def _decoder_blocks(self, hidden: Tensor, encoder: Tensor, mask: Tensor | None) -> Tensor:
@@ -172,19 +171,18 @@ class LeanT5Stack(T5Stack):
         then the cross-attention to the encoder's output and the feed-forward, block by block."""
         scores_mask = None
         for block in self.block:
-            layer = block.layer[0]
+            layer, cross, feed_forward = block.layer
             attention = layer.SelfAttention
             normed = _norm(layer.layer_norm, hidden)
             hidden = hidden + _project(attention.o, _project(attention.v, normed))
-            layer = block.layer[1]
-            attention = layer.EncDecAttention
-            query = _heads(attention, attention.q, _norm(layer.layer_norm, hidden))
+            attention = cross.EncDecAttention
+            query = _heads(attention, attention.q, _norm(cross.layer_norm, hidden))
             key = _heads(attention, attention.k, encoder)
             value = _heads(attention, attention.v, encoder)
             if scores_mask is None:
                 scores_mask = _scores_mask(attention, mask, query, key)
             hidden = hidden + _attend(attention, query, key, value, scores_mask)
-            hidden = _feed_forward(block.layer[-1], hidden)
+            hidden = _feed_forward(feed_forward, hidden)
         return hidden
 
 
@@ -199,14 +197,21 @@ def _watched_or_training(stack: nn.Module) -> bool:
         or torch_module._global_backward_pre_hooks
     ):
         return True
-    return any(
-        module.training
-        or module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
-        for module in itertools.islice(stack.modules(), 1, None)
-    )
+    pending = list(stack._modules.values())
+    while pending:
+        module = pending.pop()
+        if module is None:
+            continue
+        if (
+            module.training
+            or module._forward_hooks
+            or module._forward_pre_hooks
+            or module._backward_hooks
+            or module._backward_pre_hooks
+        ):
+            return True
+        pending.extend(module._modules.values())
+    return False
 
 
 def _norm(norm: T5LayerNorm, hidden: Tensor) -> Tensor:
