@@ -64,7 +64,7 @@ probe=(task=probe model=chronos model.checkpoint=bundled data=energy task.evalua
 if [ "$nproc" -ge 2 ]; then
   step probe_one "$PY" run.py "${probe[@]}" "${one[@]}" "hydra.run.dir=$OUT/probe_one" &&
     step probe_ddp "$PY" -m torch.distributed.run --standalone --nproc-per-node=2 run.py \
-      "${probe[@]}" "${two[@]}" trainer.sync_batchnorm=false "hydra.run.dir=$OUT/probe_ddp" &&
+      "${probe[@]}" "${two[@]}" "hydra.run.dir=$OUT/probe_ddp" &&
     step probe_agree "$PY" bench/probe_tables_agree.py "$OUT/probe_one" "$OUT/probe_ddp" &&
     cat "$OUT/probe_agree.log"
 else
