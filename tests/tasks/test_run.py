@@ -198,7 +198,7 @@ def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
 def test_probe_under_ddp_sim_equals_one_process(tmp_path):
     """trainer=ddp_sim (two gloo processes) gives the probe numbers of one process."""
     common = ["task=probe", "model.checkpoint=bundled", "task.evaluate_before=false"]
-    run_tiny(tmp_path / "one", *common, "trainer=cpu")
+    run_task(compose_config(tmp_path / "one", [*TINY, *common, "trainer=cpu"]))  # this process
     run_tiny(tmp_path / "two", *common, "trainer=ddp_sim")
     key = ["epoch", "layer", "metric"]
     one, two = probe_csv(tmp_path / "one"), probe_csv(tmp_path / "two")
@@ -326,8 +326,9 @@ def test_a_run_resumed_in_a_new_process_equals_an_uninterrupted_one(tmp_path, ad
     common = ["model.checkpoint=scratch", "task.evaluate_before=false", "task.evaluate_after=false"]
     common += ["trainer.log_every_n_steps=1", f"model.adapt={adapt}"]
     common += ["model.allow_random_weights=true"]
-    run_tiny(tmp_path / "whole", *common, "trainer.max_epochs=2")
-    run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1")
+    # the uninterrupted run and the first part in this process, the rest in a new one
+    run_task(compose_config(tmp_path / "whole", [*TINY, *common, "trainer.max_epochs=2"]))
+    run_task(compose_config(tmp_path / "first", [*TINY, *common, "trainer.max_epochs=1"]))
     last = tmp_path / "first" / "checkpoints" / "last.ckpt"
     run_tiny(tmp_path / "resumed", *common, "trainer.max_epochs=2", f"ckpt_path={last}")
 
