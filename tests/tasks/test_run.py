@@ -186,12 +186,19 @@ def run_tiny(run_dir, *overrides: str, env: dict | None = None) -> subprocess.Co
 
 
 @pytest.mark.slow
-def test_run_py_end_to_end_prints_outputs_and_summary(tmp_path):
+def test_run_py_end_to_end_prints_outputs_and_summary_and_none_of_lightnings_noise(tmp_path):
+    """The run's own outputs, and none of Lightning's noise: its cloud-logger tip, the
+    ``_pytree`` deprecation warning, and a model summary with ``Total FLOPs: 0``
+    (isoprobe/tasks/quiet.py)."""
     done = run_tiny(tmp_path, "model.checkpoint=scratch")
     assert f"outputs: {tmp_path}" in done.stdout
     assert "probe metrics per layer, epoch 0 -> epoch 1" in done.stdout
     assert "nmse" in done.stdout
     assert (tmp_path / ".hydra" / "config.yaml").is_file()
+    output = done.stdout + done.stderr
+    assert "parameters trainable" in output  # the run's own summary of its parameters
+    for noise in ("Tip:", "litlogger", "LeafSpec", "FLOPs"):
+        assert noise not in output, noise
 
 
 @pytest.mark.slow
