@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import subprocess
@@ -150,14 +152,66 @@ def wandb_records(offline_run: Path) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
 
 
+#: the test modules whose tests share a fixture the module builds once (a sweep of real runs, an
+#: analysis): under pytest-xdist each one's tests go to one worker together (OneWorkerPerModule),
+#: so that the fixture is built once rather than once in each worker. A module that gains such a
+#: fixture is refused at collection until it is listed here.
+SHARED_FIXTURE_MODULES = frozenset(
+    {
+        "tests/analysis/test_analyze.py",
+        "tests/analysis/test_figures_at_scale.py",
+        "tests/analysis/test_report_escaping.py",
+        "tests/analysis/test_study_design.py",
+        "tests/analysis/test_undefined_tests.py",
+        "tests/models/test_totem.py",
+        "tests/tasks/test_output_guard.py",
+        "tests/tasks/test_peak_memory.py",
+    }
+)
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture its module builds once for all its tests."""
+    return any(
+        definitions[-1].scope == "module"
+        for definitions in item._fixtureinfo.name2fixturedefs.values()
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the slow end-to-end tests first: they are a handful of tests taking
-    half the suite's time, and queued last they leave one worker running them alone while the
-    other idles. ``--maxschedchunk=2`` (pyproject's addopts) then hands them out two at a time,
-    so they alternate between the workers instead of all landing in the first worker's opening
-    batch (a quarter of its share). Every worker collects the same order, as xdist requires."""
+    """Refuse a module with a shared fixture that SHARED_FIXTURE_MODULES does not list. Under
+    pytest-xdist, the slow end-to-end tests first: they are a handful of tests taking half the
+    suite's time, and queued last they would leave one worker running them alone while the
+    other idles. Every worker collects the same order, as xdist requires."""
+    unlisted = {
+        item.path.relative_to(ROOT).as_posix() for item in items if shares_a_module_fixture(item)
+    } - SHARED_FIXTURE_MODULES
+    if unlisted:
+        raise pytest.UsageError(
+            f"{sorted(unlisted)} build a module-scoped fixture: list them in "
+            "tests/conftest.py's SHARED_FIXTURE_MODULES"
+        )
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's ``--dist load`` (pyproject's addopts) with each of SHARED_FIXTURE_MODULES's tests
+    handed to one worker as one unit: xdist's loadscope scheduler, its scope a listed module or
+    else the test alone. It queues the modules first (the largest first), then the other tests
+    one at a time in collection order, each to the worker that is running out of tests.
+    (xdist's own ``--dist loadgroup`` marks no group under pytest 9, which names a test by
+    ``_id`` where xdist appends the group to ``_nodeid``.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerPerModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    return OneWorkerPerModule(config, log)
 
 
 def run_py_at(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -173,11 +227,21 @@ def run_py_at(*overrides: str, cwd: Path, env: dict | None = None) -> subprocess
     )
 
 
+@functools.cache
+def composed(overrides: tuple[str, ...], hydra: bool) -> DictConfig:
+    """The config of ``overrides`` (with Hydra's own section when ``hydra``), composed once per
+    test process: a compose reads and merges the whole config tree (a fifth of a second), and
+    the suite composes the same few hundred override lists again and again. The callers take a
+    deep copy (a twentieth of the time)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra)
+
+
 def compose_config(tmp_path: Path, overrides: list[str]) -> DictConfig:
     """The run config as ``python run.py <overrides>`` would see it, writing under tmp_path."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    cfg = copy.deepcopy(composed(tuple(overrides), hydra=True))
     with open_dict(cfg):
         cfg.paths.output_dir = str(tmp_path)
         cfg.paths.log_dir = str(tmp_path / "logs")
@@ -190,8 +254,7 @@ def data_config(name: str, seed: int, **overrides) -> DictConfig:
     """The ``data`` section of ``python run.py data=<name> seed=<seed>`` (its defaults list, the
     bases in configs/_base, composed), with ``overrides`` merged in."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"data={name}", f"seed={seed}"])
+    cfg = composed((f"data={name}", f"seed={seed}"), hydra=False)
     return OmegaConf.merge(cfg, {"data": overrides}).data
 
 

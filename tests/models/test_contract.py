@@ -32,6 +32,11 @@ MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 CONTEXT, HORIZON, BATCH = 32, 8, 3
 
 
+#: each model built from scratch once per test process, with the random state its build left:
+#: (name, overrides, context, horizon) -> (model, random state)
+BUILT: dict[tuple, tuple[ForecastModule, torch.Tensor]] = {}
+
+
 def build(
     tmp_path,
     name: str,
@@ -40,12 +45,25 @@ def build(
     context: int = CONTEXT,
     horizon: int = HORIZON,
 ) -> ForecastModule:
-    cfg = compose_config(tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}", *overrides])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    torch.manual_seed(0)
-    return build_model(cfg.model, windows).eval()
+    """``model=<name>`` built in eval mode after ``torch.manual_seed(0)``. From scratch, a deep
+    copy of the one build of these arguments, with the random state that build left: the same
+    weights, buffers and random state as a build of its own, without its compose and build."""
+    key = (name, tuple(overrides), context, horizon)
+    if checkpoint != "scratch" or key not in BUILT:
+        cfg = compose_config(
+            tmp_path, [f"model={name}", f"model.checkpoint={checkpoint}", *overrides]
+        )
+        windows = SimpleNamespace(
+            context_length=context, prediction_length=horizon, season_length=1, freq="h"
+        )
+        torch.manual_seed(0)
+        model = build_model(cfg.model, windows).eval()
+        if checkpoint != "scratch":
+            return model
+        BUILT[key] = (model, torch.get_rng_state())
+    model, state = BUILT[key]
+    torch.set_rng_state(state)
+    return copy.deepcopy(model)
 
 
 def make_batch(scale: float = 1.0) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from isoprobe.analysis.study import load_study
+from isoprobe.tasks import run_task
 from tests.conftest import ROOT, TINY_MODEL, TINY_RUN, compose_config
 from tests.conftest import run_py_at as run_py
 
@@ -189,8 +190,7 @@ def test_lightning_requeues_on_submitits_signal_under_slurm(monkeypatch):
 
 def test_torchrun_with_two_cpu_processes_equals_one_process(tmp_path):
     common = ["task=probe", *BOLT, "model.checkpoint=bundled", "task.evaluate_before=false"]
-    one = run_py(*common, "trainer=cpu", f"hydra.run.dir={tmp_path / 'one'}", cwd=tmp_path)
-    assert one.returncode == 0, one.stderr[-3000:]
+    run_task(compose_config(tmp_path / "one", [*common, "trainer=cpu"]))  # in this process
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     two = subprocess.run(
         [*torchrun, str(ROOT / "run.py"), *common, "trainer=ddp", "trainer.accelerator=cpu",
