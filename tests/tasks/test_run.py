@@ -226,6 +226,26 @@ def wandb_history(run_dir) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run_without_duplicate_epochs(tmp_path):
+    env = wandb_home_env(tmp_path)
+    common = ["logger=wandb", "model.checkpoint=scratch", "task.evaluate_before=false"]
+    run_tiny(tmp_path / "first", *common, "trainer.max_epochs=1", env=env)
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    run_tiny(tmp_path / "second", *common, "trainer.max_epochs=2", f"ckpt_path={last}", env=env)
+
+    first_id, first = wandb_history(tmp_path / "first")
+    second_id, second = wandb_history(tmp_path / "second")
+    assert first_id == second_id
+    probed = [h for h in first + second if "probe/cos_inter/embed" in h]
+    assert [h["probe/epoch"] for h in probed] == [0, 1, 2]
+    records = probe_csv(tmp_path / "second")
+    for h in probed:
+        rows = records[(records.epoch == h["probe/epoch"]) & (records.metric == "isoscore")]
+        for row in rows.itertuples():
+            assert float(h[f"probe/isoscore/{row.layer}"]) == pytest.approx(row.value, rel=1e-12)
+
+
+@pytest.mark.slow
 def test_multirun_gives_every_job_its_directory_and_wandb_run(tmp_path):
     env = wandb_home_env(tmp_path)
     sweep = ["-m", "data=energy,weather", *TINY, "task=probe", "model.checkpoint=scratch"]
@@ -372,16 +392,14 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_runs(tiny_co
 
 
 @pytest.mark.slow
-def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumed_runs_continue_it(tmp_path):
+def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumes_without_duplicates(tmp_path):
     """SIGKILL right after the first epoch's checkpoint: W&B holds every epoch the checkpoint
-    holds. A run resumed from it, to its end, and one resumed from that finished run each
-    continue the same W&B run with exactly the epochs after their checkpoint, the values those
-    epochs' records hold."""
+    holds, and the resumed run adds exactly the epochs after it."""
     env = wandb_home_env(tmp_path)
     common = [*TINY, "logger=wandb", "model.checkpoint=scratch", "data.max_train_windows=256"]
-    common += ["task.evaluate_before=false", "task.evaluate_after=false"]
+    common += ["task.evaluate_before=false", "task.evaluate_after=false", "trainer.max_epochs=3"]
     first = tmp_path / "first"
-    command = [sys.executable, "run.py", *common, "trainer.max_epochs=3", f"hydra.run.dir={first}"]
+    command = [sys.executable, "run.py", *common, f"hydra.run.dir={first}"]
     process = subprocess.Popen(
         command, cwd=ROOT, env=run_py_env(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -397,32 +415,16 @@ def test_a_killed_run_loses_no_probed_epoch_from_wandb_and_resumed_runs_continue
     (probe_state,) = [s for k, s in state["callbacks"].items() if "ProbeCallback" in k]
     saved = sorted({int(r["epoch"]) for r in probe_state["records"]["isotropy"]})
     assert saved == [0, 1]
-    first_id, history = wandb_history(first)
+    _, history = wandb_history(first)
     # the probe's metric rows (the end-of-fit trajectory image's row carries probe/epoch too)
-    probed = [h for h in history if "probe/cos_inter/embed" in h]
-    killed = [h["probe/epoch"] for h in probed]
+    killed = [h["probe/epoch"] for h in history if "probe/cos_inter/embed" in h]
     assert killed == saved
 
-    # resumed from the killed run to the end of epoch 1, then from that run's end to epoch 2
-    resumed = [(tmp_path / "second", checkpoint, 2)]
-    resumed += [(tmp_path / "third", tmp_path / "second" / "checkpoints" / "last.ckpt", 3)]
-    epochs = [killed]
-    for run_dir, start, max_epochs in resumed:
-        run_py(
-            *common, f"trainer.max_epochs={max_epochs}", f"hydra.run.dir={run_dir}",
-            f"ckpt_path={start}", env=env,
-        )  # fmt: skip
-        run_id, history = wandb_history(run_dir)
-        assert run_id == first_id
-        probed += [h for h in history if "probe/cos_inter/embed" in h]
-        epochs.append([h["probe/epoch"] for h in history if "probe/cos_inter/embed" in h])
-    assert epochs == [[0, 1], [2], [3]]
-    records = probe_csv(tmp_path / "third")
-    for h in probed:
-        rows = records[(records.epoch == h["probe/epoch"]) & (records.metric == "isoscore")]
-        assert len(rows) > 0
-        for row in rows.itertuples():
-            assert float(h[f"probe/isoscore/{row.layer}"]) == pytest.approx(row.value, rel=1e-12)
+    second = tmp_path / "second"
+    run_py(*common, f"hydra.run.dir={second}", f"ckpt_path={checkpoint}", env=env)
+    _, history = wandb_history(second)
+    resumed = [h["probe/epoch"] for h in history if "probe/cos_inter/embed" in h]
+    assert killed + resumed == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(
