@@ -1,16 +1,20 @@
 """PatchTST's encoder in inference, on CPU kernels that suit its small shapes.
 
 transformers runs PatchTST's attention through ``scaled_dot_product_attention``, whose CPU
-kernel (a flash-attention loop) costs twice the three plain operations at PatchTST's shapes (a
-head dimension of 8 to 16, some 60 patches): ``softmax(s q kᵀ) v`` with ``s`` the head
-dimension's inverse square root. Its batch normalisation transposes every hidden state to
+kernel (a flash-attention loop) costs, on one thread, twice the three plain operations at
+PatchTST's shapes (a head dimension of 8 to 16, some 60 patches): ``softmax(s q kᵀ) v`` with
+``s`` the head dimension's inverse square root. On more threads it is the faster one (it splits
+the batch and heads between threads, where the plain batched products of such small matrices
+barely do: 0.6x on two), so the plain form runs on one thread only, as the test workers and
+sweep jobs under ``OMP_NUM_THREADS=1`` do. Its batch normalisation transposes every hidden state to
 normalise over the model dimension and back, where in evaluation it is one affine map of the
 last dimension, ``x · γ / √(σ² + ε) + (β − μ γ / √(σ² + ε))`` with the running mean ``μ`` and
 variance ``σ²``. :class:`PlainSelfAttention` and :class:`RunningStatisticsBatchNorm` compute
-those in evaluation (the same result to float rounding: softmax in float32, as transformers');
-in training, or when attention weights, a mask or cross-attention are asked for, they run the
-official forward. The swap keeps every module, parameter and name, so forward hooks (the probe
-reads the attention sub-layers), checkpoints and compression see the model they always saw.
+those in evaluation (the same result to float rounding: softmax in float32, as transformers'),
+the attention on one thread; in training, or when attention weights, a mask or cross-attention
+are asked for, they run the official forward. The swap keeps every module, parameter and
+name, so forward hooks (the probe reads the attention sub-layers), checkpoints and compression
+see the model they always saw.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from transformers.models.patchtst.modeling_patchtst import PatchTSTAttention, Pa
 
 
 class PlainSelfAttention(PatchTSTAttention):
-    """PatchTST self-attention as ``softmax(s q kᵀ) v`` in evaluation (module docstring)."""
+    """PatchTST self-attention as ``softmax(s q kᵀ) v`` in evaluation on one thread (module
+    docstring)."""
 
     def forward(
         self,
@@ -35,6 +40,7 @@ class PlainSelfAttention(PatchTSTAttention):
     ) -> tuple[Tensor, Tensor | None]:
         official = (
             self.training
+            or torch.get_num_threads() > 1
             or key_value_states is not None
             or attention_mask is not None
             or output_attentions

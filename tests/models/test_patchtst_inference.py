@@ -4,6 +4,8 @@ evaluation, the official forward (same bits, same running statistics) in trainin
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -47,6 +49,17 @@ def trained_batch_norm() -> PatchTSTBatchNorm:
     return norm
 
 
+@contextmanager
+def threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` for the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def official_attention(implementation: str) -> PatchTSTAttention:
     """The first layer's attention of a random model on transformers' ``implementation``."""
     torch.manual_seed(0)
@@ -60,11 +73,18 @@ def official_attention(implementation: str) -> PatchTSTAttention:
 def test_plain_attention_equals_the_official_in_evaluation(implementation):
     official, own = swapped_pair(official_attention(implementation).eval(), PlainSelfAttention)
     hidden = torch.randn(8, 11, 32)
-    with torch.no_grad():
+    with torch.no_grad(), threads(1):
         expected, _ = official(hidden)
         output, weights = own(hidden)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     assert weights is None
+
+
+def test_plain_attention_runs_the_official_kernel_on_several_threads():
+    official, own = swapped_pair(official_attention("sdpa").eval(), PlainSelfAttention)
+    hidden = torch.randn(8, 11, 32)
+    with torch.no_grad(), threads(2):
+        assert torch.equal(own(hidden)[0], official(hidden)[0])
 
 
 def test_plain_attention_is_the_official_forward_in_training_and_for_weights():
