@@ -14,9 +14,9 @@ log-likelihood, whose forecasts are quantiles of ``num_samples`` samples.
 Missing values: NaNs are filled with the window's observed mean before the model's scaler, so
 they become 0 after it, and ``past_observed_mask`` makes the scaler ignore them.
 
-In evaluation the encoder's attention and batch norm run on plainer CPU kernels, the same
-numbers to float rounding (:mod:`isoprobe.models.patchtst_inference`); training runs the
-official forward.
+In evaluation the encoder's batch norm is the affine map of its running statistics, without
+transposes, the same numbers to float rounding (:mod:`isoprobe.models.patchtst_inference`);
+training runs the official forward.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
-"""PatchTST's inference kernels against transformers' own modules: the same outputs in
+"""PatchTST's inference batch norm against transformers' own module: the same outputs in
 evaluation, the official forward (same bits, same running statistics) in training."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
 from transformers import PatchTSTConfig, PatchTSTForPrediction
-from transformers.models.patchtst.modeling_patchtst import PatchTSTAttention, PatchTSTBatchNorm
+from transformers.models.patchtst.modeling_patchtst import PatchTSTBatchNorm
 
-from isoprobe.models.patchtst_inference import (
-    PlainSelfAttention,
-    RunningStatisticsBatchNorm,
-    use_inference_kernels,
-)
+from isoprobe.models.patchtst_inference import RunningStatisticsBatchNorm, use_inference_kernels
 
 CONFIG = PatchTSTConfig(
     num_input_channels=1,
@@ -28,7 +22,6 @@ CONFIG = PatchTSTConfig(
     num_hidden_layers=2,
     num_attention_heads=4,
     ffn_dim=64,
-    attention_dropout=0.2,
 )
 
 
@@ -47,59 +40,6 @@ def trained_batch_norm() -> PatchTSTBatchNorm:
     norm.batchnorm.weight.data.normal_(1.0, 0.5)
     norm.batchnorm.bias.data.normal_(0.0, 0.5)
     return norm
-
-
-@contextmanager
-def threads(count: int) -> Iterator[None]:
-    """torch's intra-op threads set to ``count`` for the block."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def official_attention(implementation: str) -> PatchTSTAttention:
-    """The first layer's attention of a random model on transformers' ``implementation``."""
-    torch.manual_seed(0)
-    config = PatchTSTConfig(**CONFIG.to_dict())
-    model = PatchTSTForPrediction(config)
-    model.set_attn_implementation(implementation)
-    return model.model.encoder.layers[0].self_attn
-
-
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_plain_attention_equals_the_official_in_evaluation(implementation):
-    official, own = swapped_pair(official_attention(implementation).eval(), PlainSelfAttention)
-    hidden = torch.randn(8, 11, 32)
-    with torch.no_grad(), threads(1):
-        expected, _ = official(hidden)
-        output, weights = own(hidden)
-    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
-    assert weights is None
-
-
-def test_plain_attention_runs_the_official_kernel_on_several_threads():
-    official, own = swapped_pair(official_attention("sdpa").eval(), PlainSelfAttention)
-    hidden = torch.randn(8, 11, 32)
-    with torch.no_grad(), threads(2):
-        assert torch.equal(own(hidden)[0], official(hidden)[0])
-
-
-def test_plain_attention_is_the_official_forward_in_training_and_for_weights():
-    official, own = swapped_pair(official_attention("eager"), PlainSelfAttention)
-    assert official.dropout == 0.2
-    hidden = torch.randn(8, 11, 32)
-    torch.manual_seed(5)
-    expected, _ = official(hidden)
-    torch.manual_seed(5)
-    output, _ = own(hidden)
-    assert torch.equal(output, expected)  # the same dropout masks: the official forward
-    official.eval(), own.eval()
-    expected, expected_weights = official(hidden, output_attentions=True)
-    output, weights = own(hidden, output_attentions=True)
-    assert torch.equal(output, expected) and torch.equal(weights, expected_weights)
 
 
 def test_running_statistics_batch_norm_equals_the_official_in_evaluation():
@@ -130,7 +70,6 @@ def test_a_swapped_model_forecasts_as_the_official_and_keeps_its_parameters(norm
     own = copy.deepcopy(official)
     use_inference_kernels(own)
     swapped = {type(m) for m in own.modules()}
-    assert PlainSelfAttention in swapped and PatchTSTAttention not in swapped
     assert (RunningStatisticsBatchNorm in swapped) == (norm_type == "batchnorm")
     assert PatchTSTBatchNorm not in swapped
     assert own.state_dict().keys() == official.state_dict().keys()
