@@ -164,7 +164,8 @@ NETWORK: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
     "tirex": lambda m: [m.network],
     "toto": lambda m: [m.network],
     "toto_raw": lambda m: [m.network],
-    "sundial": lambda m: [m.network],
+    # sampling calls the flow head's parts, not its forward: every module of the head counts
+    "sundial": lambda m: [m.network, *m.network.head.modules()],
 }
 #: cases that are not a model config of their own: their model overrides
 MODEL = {
