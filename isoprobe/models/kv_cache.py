@@ -8,6 +8,7 @@ The models that use it say why that holds for them (Toto, TimesFM 2.5).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -25,3 +26,12 @@ class KeyValueCache:
             layer: (k.repeat(copies, *[1] * (k.dim() - 1)), v.repeat(copies, *[1] * (v.dim() - 1)))
             for layer, (k, v) in self.entries.items()
         }
+
+    def extend(self, layer: nn.Module, k: Tensor, v: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+        """``layer``'s keys and values so far followed by ``k`` and ``v``, the new tokens'
+        (joined along their token dimension ``dim``), which it holds from now on."""
+        if self.tokens:
+            cached_k, cached_v = self.entries[layer]
+            k, v = torch.cat([cached_k, k], dim=dim), torch.cat([cached_v, v], dim=dim)
+        self.entries[layer] = (k, v)
+        return k, v

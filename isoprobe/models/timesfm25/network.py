@@ -138,10 +138,7 @@ class Attention(nn.Module):
         start = 0
         if cache is not None:
             start = cache.tokens
-            if start:
-                cached_k, cached_v = cache.entries[self]
-                k, v = torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
-            cache.entries[self] = (k, v)
+            k, v = cache.extend(self, k, v, dim=1)
         causal = torch.ones(length, start + length, dtype=torch.bool, device=x.device)
         allowed = causal.tril(start) & visible[:, None, :]
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k)

@@ -130,12 +130,10 @@ class Attention(nn.Module):
         if not self.spacewise and cache is not None:
             start = cache.tokens
             q, k = rotate_with_xpos(q, k, start, cache.centre)
+            k, v = cache.extend(self, k, v, dim=-2)
             if start:
-                cached_k, cached_v = cache.entries[self]
-                k, v = torch.cat([cached_k, k], dim=-2), torch.cat([cached_v, v], dim=-2)
                 mask = torch.ones(length, start + length, dtype=torch.bool, device=x.device)
                 mask, causal = mask.tril(start), False
-            cache.entries[self] = (k, v)
         elif not self.spacewise:
             q, k = rotate_with_xpos(q, k)
         mixed = F.scaled_dot_product_attention(
