@@ -82,7 +82,7 @@ def test_every_layer_matches_the_official_code(tmp_path):
         names |= {f"decoder.{i}": f"layer.{i}", f"decoder.{i}.attn": f"attention.{i}"}
     context = torch.from_numpy(expected["context"])
     with torch.no_grad(), capture_outputs(layers) as captured:
-        model._states(model._left_padded(context))
+        model._states(model._series(context))
     assert len(captured) == 1 + 2 * 3
     for name, output in captured.items():
         assert largest_difference(output[0], expected[names[name]], name) < LAYERS

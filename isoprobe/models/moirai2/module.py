@@ -59,6 +59,7 @@ from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
 from isoprobe.models.moirai2.config import Moirai2Shape, official_config
 from isoprobe.models.moirai2.loading import load_network
 from isoprobe.models.moirai2.network import Moirai2Network
+from isoprobe.models.padding import whole_patches
 from isoprobe.models.quantiles import register_level_weights
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Packed:
 def pack(series: Tensor, patch: int) -> Packed:
     """``series`` [B, T] (NaN = missing; a leading run of NaN is left padding) as patches
     (module docstring)."""
-    series = F.pad(series, (-series.shape[1] % patch, 0), value=float("nan"))
+    series = whole_patches(series, patch)
     rows = len(series)
     missing = series.isnan()
     padding = missing.long().cumprod(dim=1).bool()

@@ -45,6 +45,7 @@ from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.padding import whole_patches
 from isoprobe.models.sundial.config import SundialShape, official_config
 from isoprobe.models.sundial.loading import load_network
 from isoprobe.models.sundial.network import SundialNetwork, flow_matching_loss, official_name
@@ -105,18 +106,10 @@ class SundialModule(ForecastModule):
         return self.network.shape
 
     # ----------------------------------------------------------------- running the network
-    def _left_padded(self, series: Tensor) -> Tensor:
-        """``series`` [B, T] left-padded (NaN) to whole tokens."""
-        return F.pad(series, (-series.shape[1] % self.shape.input_token_len, 0), value=math.nan)
-
     def _series(self, context: Tensor, target: Tensor | None = None) -> Tensor:
         """[B, T]: ``context`` left-padded (NaN) to whole tokens, then ``target`` (if any)
         right-padded to whole tokens."""
-        series = self._left_padded(context)
-        if target is not None:
-            tail = F.pad(target, (0, -target.shape[1] % self.shape.input_token_len), value=math.nan)
-            series = torch.cat([series, tail], dim=1)
-        return series
+        return whole_patches(context, self.shape.input_token_len, target)
 
     def _states(self, series: Tensor) -> Tensor:
         """The last layer's output [B, N, d] at each token of ``series`` [B, T] (NaN =
@@ -163,7 +156,7 @@ class SundialModule(ForecastModule):
         series = (context - mean[:, None]) / deviation[:, None]
         pieces, made = [], 0
         while made < self.prediction_length:
-            last = self._states(self._left_padded(series))[:, -1]
+            last = self._states(self._series(series))[:, -1]
             drawn = self.network.head.sample(last, self.num_samples)
             drawn = drawn[..., : self.prediction_length - made]
             pieces.append(drawn)

@@ -50,6 +50,7 @@ from torch.nn import functional as F
 from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
 from isoprobe.models.kv_cache import KeyValueCache
+from isoprobe.models.padding import whole_patches
 from isoprobe.models.quantiles import register_level_weights
 from isoprobe.models.timesfm25.config import TimesFm25Shape, official_config
 from isoprobe.models.timesfm25.loading import load_network
@@ -153,7 +154,7 @@ class TimesFm25Module(ForecastModule):
         """``series`` [B, T] left-padded to whole patches: values [B, N, p] (0 where missing)
         and the missing steps [B, N, p]."""
         patch = self.shape.input_patch_len
-        series = F.pad(series, (-series.shape[1] % patch, 0), value=float("nan"))
+        series = whole_patches(series, patch)
         missing = series.isnan().view(len(series), -1, patch)
         return series.nan_to_num(0.0).view(len(series), -1, patch), missing
 

@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
 from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.padding import whole_patches
 from isoprobe.models.toto.config import TotoShape, official_config
 from isoprobe.models.toto.loading import load_network
 from isoprobe.models.toto.network import (
@@ -147,12 +147,7 @@ class TotoModule(ForecastModule):
     def _series(self, context: Tensor, target: Tensor | None = None) -> Tensor:
         """[B, 1, T]: ``context`` left-padded (NaN) to whole patches, then ``target`` (if any)
         right-padded to whole patches."""
-        patch = self.shape.patch_size
-        series = F.pad(context, (-context.shape[1] % patch, 0), value=float("nan"))
-        if target is not None:
-            tail = F.pad(target, (0, -target.shape[1] % patch), value=float("nan"))
-            series = torch.cat([series, tail], dim=1)
-        return series[:, None]
+        return whole_patches(context, self.shape.patch_size, target)[:, None]
 
     def _run(
         self, series: Tensor, prefix: int, cache: KeyValueCache | None = None
