@@ -270,7 +270,9 @@ def _feed_forward(layer: nn.Module, hidden: Tensor) -> Tensor:
 def lean_t5_stacks(*stacks: T5Stack) -> None:
     """Make each stack a :class:`LeanT5Stack`, in place (the same modules, parameters and
     names: checkpoints and exports do not change). transformers records which outputs a model
-    can capture under its class's name, so the stack is registered again under the new one."""
+    can capture under its class's name, so the stack is registered again under the new one.
+    The registry is a plain dict up to transformers 5.22 and a dict whose ``__setitem__`` takes
+    the model from 5.23; both store the class's name, which is written here directly."""
     for stack in stacks:
         stack.__class__ = LeanT5Stack
-        _CAN_RECORD_REGISTRY[stack] = stack._can_record_outputs
+        dict.__setitem__(_CAN_RECORD_REGISTRY, str(LeanT5Stack), stack._can_record_outputs)
