@@ -2,8 +2,9 @@
 # The GPU checks in one command, for when a machine with NVIDIA GPUs is at hand:
 #   1. the default run (README command 1) on one GPU, timed;
 #   2. the probe of the bundled Chronos-T5 under DDP on two GPUs against one process
-#      (bench/probe_tables_agree.py; needs two GPUs, else it says so and goes on);
-#   3. bench/forecast_throughput.py and bench/train_throughput.py on the GPU.
+#      (bench/probe_tables_agree.py); with one GPU, the probe on it against the CPU's instead;
+#   3. bench/forecast_throughput.py and bench/train_throughput.py (compiled training too) on
+#      the GPU.
 # It prints one line per figure, ready for docs/benchmarks.md with the card's name. About five
 # minutes on one H100-class GPU.
 #
@@ -22,7 +23,8 @@ mkdir -p "$OUT"
 
 if [ "${1:-}" = "--dry-run" ]; then
   device=cpu one=(trainer=cpu) two=(trainer=ddp_sim) nproc=2 card="CPU (dry run)"
-  bench_rounds=1 forecast_models=(patchtst chronos_bolt) train=(--models chronos2 --steps 2)
+  bench_rounds=1 forecast_models=(patchtst chronos_bolt) train=(--models chronos2 --steps 2
+    --rounds 1)
 else
   gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())") || exit 1
   if [ "$gpus" -lt 1 ]; then
@@ -33,7 +35,7 @@ else
   device=cuda one=(trainer=gpu) two=(trainer=ddp trainer.devices=2) nproc=$gpus
   card=$("$PY" -c "import torch; print(torch.cuda.get_device_name())")
   bench_rounds=3 forecast_models=(chronos chronos_bolt chronos2 patchtst timesfm moirai)
-  train=(--models chronos chronos2 --steps 8)
+  train=(--models chronos chronos2 --steps 8 --rounds 1 --compile)
 fi
 echo "bench/gpu.sh on $card, $(date -u +%Y-%m-%d), outputs in $OUT"
 failed=0
@@ -55,7 +57,7 @@ step() {
 # 1. README command 1 on one device
 if step default_run "$PY" run.py model=chronos data=energy "${one[@]}" logger=csv \
   "hydra.run.dir=$OUT/default_run"; then
-  grep -E "^ *(test/|NMSE|MASE|WQL)" "$OUT/default_run.log" | head -n 8
+  grep -A 3 "^forecast (test)" "$OUT/default_run.log"
 fi
 
 # 2. the probe under DDP on two devices equals one process's on the same weights
@@ -69,14 +71,17 @@ if [ "$nproc" -ge 2 ]; then
     cat "$OUT/probe_agree.log"
 else
   echo "probe under DDP: skipped, $nproc GPU (two are needed; NCCL gives each process its own)"
+  step probe_gpu "$PY" run.py "${probe[@]}" "${one[@]}" "hydra.run.dir=$OUT/probe_gpu" &&
+    step probe_cpu "$PY" run.py "${probe[@]}" trainer=cpu "hydra.run.dir=$OUT/probe_cpu" &&
+    step probe_gpu_cpu "$PY" bench/probe_tables_agree.py "$OUT/probe_gpu" "$OUT/probe_cpu"
+  cat "$OUT/probe_gpu_cpu.log"
 fi
 
 # 3. the benches, each against its reference in the same run
 step forecast_bench "$PY" bench/forecast_throughput.py --device "$device" \
   --rounds "$bench_rounds" --models "${forecast_models[@]}" &&
   grep -E "x  |^model|load average" "$OUT/forecast_bench.log"
-step train_bench "$PY" bench/train_throughput.py --device "$device" --rounds "$bench_rounds" \
-  --warmup 2 "${train[@]}" &&
+step train_bench "$PY" bench/train_throughput.py --device "$device" --warmup 2 "${train[@]}" &&
   grep -E "reference|isoprobe" "$OUT/train_bench.log"
 
 exit "$failed"
