@@ -7,6 +7,10 @@ neither that every trial failed nor why. :class:`SearchSweeper` (``hydra/sweeper
 ``configs/hydra/sweeper/search.yaml``: the Optuna sweeper's settings, this class) ends such a
 search with one message instead: each trial with the error its ``failed.json`` holds, or, for
 trials that ran without failing, that they returned no objective.
+
+Hydra imports every module under ``hydra_plugins`` at start-up. Without hydra-optuna-sweeper
+(the ``cluster`` extra) this one defines no sweeper, rather than have every run print Hydra's
+warning that the plugin failed to import.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra.errors import CompactHydraException
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 
 from isoprobe.analysis.run_files import FAILED_FILE
 from isoprobe.tasks.sweep_outcome import failed_jobs
@@ -45,15 +48,22 @@ def every_trial_failed(sweep_dir: Path) -> EveryTrialFailed:
     )
 
 
-class SearchSweeper(OptunaSweeper):
-    """``hydra/sweeper=search``: Hydra's Optuna sweeper, with the message of the module
-    docstring when every trial failed."""
+try:
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+except ImportError:
+    OptunaSweeper = None
 
-    def sweep(self, arguments: list[str]) -> None:
-        try:
-            return super().sweep(arguments)
-        except ValueError:
-            sweep_dir = Path(str(self.sweeper.config.hydra.sweep.dir))
-            if any(sweep_dir.glob("**/summary.json")):
-                raise
-            raise every_trial_failed(sweep_dir) from None
+if OptunaSweeper is not None:
+
+    class SearchSweeper(OptunaSweeper):
+        """``hydra/sweeper=search``: Hydra's Optuna sweeper, with the message of the module
+        docstring when every trial failed."""
+
+        def sweep(self, arguments: list[str]) -> None:
+            try:
+                return super().sweep(arguments)
+            except ValueError:
+                sweep_dir = Path(str(self.sweeper.config.hydra.sweep.dir))
+                if any(sweep_dir.glob("**/summary.json")):
+                    raise
+                raise every_trial_failed(sweep_dir) from None

@@ -247,3 +247,26 @@ def test_a_search_whose_every_trial_failed_names_each_trials_error(tmp_path):
     for trial in ("0", "1"):
         assert f"trial {trial}: UnknownDatasetError: unknown data set 'nosuch'" in done.stderr
     assert not (sweep / "optimization_results.yaml").exists()
+
+
+def test_without_the_optuna_sweeper_hydra_scans_isoprobes_plugins_without_a_warning():
+    """Without the cluster extra, Hydra's start-up scan imports hydra_plugins.isoprobe_sweepers
+    quietly: the grid sweeper is found, the search sweeper is not defined."""
+    scan = (
+        "import sys, warnings\n"
+        "sys.modules['hydra_plugins.hydra_optuna_sweeper'] = None\n"
+        "sys.modules['hydra_plugins.hydra_optuna_sweeper.optuna_sweeper'] = None\n"
+        "from hydra.core.plugins import Plugins\n"
+        "from hydra.plugins.sweeper import Sweeper\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    names = sorted(p.__name__ for p in Plugins.instance().discover(Sweeper))\n"
+        "ours = [str(w.message) for w in caught if 'isoprobe_sweepers' in str(w.message)]\n"
+        "print(ours, names)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", scan], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    ours, names = out.rsplit("] [", 1)
+    assert ours == "["
+    assert "'GridsSweeper'" in names and "SearchSweeper" not in names
