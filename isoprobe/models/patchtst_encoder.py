@@ -14,7 +14,8 @@ function with fewer, larger operations, in evaluation only:
 - the query, key and value projections are one matrix (their rows stacked) with the attention's
   scale ``1/√d_head`` folded into the query rows;
 - the attention is ``softmax(q kᵀ) v`` as two batched matrix products around one softmax
-  computed in place, and the activation of the feed-forward is applied in place;
+  (into a buffer of its own: ``softmax`` written over its input took a slower path), and the
+  activation of the feed-forward is applied in place;
 - the output projection and the second feed-forward layer add into the residual stream in the
   same matrix product (``addmm``) and their biases are added once, after the product.
 
@@ -109,8 +110,9 @@ class LeanPatchTSTEncoder(PatchTSTEncoder):
             query, key, value = split.view(3, tokens * heads, patches, head_dim)
             scores = scratch("scores", tokens * heads, patches, patches)
             torch.bmm(query, key.transpose(1, 2), out=scores)
-            torch.softmax(scores, dim=-1, out=scores)
-            attended = torch.bmm(scores, value, out=scratch("attended", *query.shape))
+            weights = scratch("weights", *scores.shape)
+            torch.softmax(scores, dim=-1, out=weights)
+            attended = torch.bmm(weights, value, out=scratch("attended", *query.shape))
             merged = scratch("merged", tokens, patches, heads, head_dim)
             merged.copy_(attended.view(tokens, heads, patches, head_dim).transpose(1, 2))
             hidden.addmm_(merged.view(tokens * patches, -1), layer.out_weight)
