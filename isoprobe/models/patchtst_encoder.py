@@ -185,26 +185,30 @@ class _Scratch:
     The CPU allocator hands a tensor of a few megabytes (the attention scores, the feed-forward's
     activations) fresh pages from the system, whose first writes fault; at this model's size
     that took a third of a forecast. The buffers are kept in :data:`_BUFFERS` (one per name,
-    thread and device, grown when a larger one is needed) and are only ever read within the
-    forward that wrote them; elsewhere (a GPU, whose allocator caches) every tensor is new.
+    thread and inference mode, whose tensors cannot be written outside it; grown when a larger
+    one is needed) and are only ever read within the forward that wrote them; elsewhere (a GPU,
+    whose allocator caches) every tensor is new.
     """
 
     def __init__(self, like: Tensor) -> None:
         self.like = like
         self.cpu = like.device.type == "cpu"
+        self.inference = torch.is_inference_mode_enabled()
 
     def __call__(self, name: str, *shape: int) -> Tensor:
         if not self.cpu:
             return self.like.new_empty(shape)
         buffers = _BUFFERS.__dict__.setdefault("buffers", {})
         size = math.prod(shape)
-        buffer = buffers.get(name)
+        key = (name, self.inference)
+        buffer = buffers.get(key)
         if buffer is None or buffer.numel() < size:
-            buffer = buffers[name] = self.like.new_empty(size)
+            buffer = buffers[key] = self.like.new_empty(size)
         return buffer[:size].view(shape)
 
 
-#: per thread: the CPU buffers of :class:`_Scratch` (a plain dict under ``buffers``)
+#: per thread: the CPU buffers of :class:`_Scratch` (a dict under ``buffers``, keyed on the
+#: buffer's name and whether it was made in inference mode)
 _BUFFERS = threading.local()
 
 

@@ -118,6 +118,19 @@ def test_other_batch_sizes_reuse_the_scratch_buffers_without_touching_earlier_ou
     assert torch.equal(first, kept)
 
 
+def test_inference_mode_and_no_grad_forecasts_alternate():
+    """Tensors made in inference mode cannot be written outside it: each mode has its own
+    scratch buffers and folded matrices made in one serve the other."""
+    lean, official = modules()
+    batch = {"context": contexts()}
+    expected = official.forecast(batch).median
+    for _ in range(2):
+        with torch.inference_mode():
+            inside = lean.forecast(batch).median
+        torch.testing.assert_close(inside, expected, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(lean.forecast(batch).median, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_changed_parameters_and_statistics_fold_again(lean_calls):
     """A training step's new weights, new running statistics, new weights loaded: the lean
     forward reads them, as the official does."""
