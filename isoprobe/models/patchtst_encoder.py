@@ -195,8 +195,9 @@ class _Scratch:
     activations) fresh pages from the system, whose first writes fault; at this model's size
     that took a third of a forecast. The buffers are kept in :data:`_BUFFERS` (one per name,
     thread and inference mode, whose tensors cannot be written outside it; grown when a larger
-    one is needed) and are only ever read within the forward that wrote them; elsewhere (a GPU,
-    whose allocator caches) every tensor is new.
+    one is needed, up to :data:`SCRATCH_LIMIT` elements, so that a thread keeps at most seven
+    such buffers of 16 MB) and are only ever read within the forward that wrote them; a larger
+    tensor, or one on a GPU (whose allocator caches), is new.
     """
 
     def __init__(self, like: Tensor) -> None:
@@ -205,10 +206,10 @@ class _Scratch:
         self.inference = torch.is_inference_mode_enabled()
 
     def __call__(self, name: str, *shape: int) -> Tensor:
-        if not self.cpu:
+        size = math.prod(shape)
+        if not self.cpu or size > SCRATCH_LIMIT:
             return self.like.new_empty(shape)
         buffers = _BUFFERS.__dict__.setdefault("buffers", {})
-        size = math.prod(shape)
         key = (name, self.inference)
         buffer = buffers.get(key)
         if buffer is None or buffer.numel() < size:
@@ -216,6 +217,8 @@ class _Scratch:
         return buffer[:size].view(shape)
 
 
+#: the most elements of a scratch buffer kept between forwards (a larger one is allocated anew)
+SCRATCH_LIMIT = 1 << 22
 #: per thread: the CPU buffers of :class:`_Scratch` (a dict under ``buffers``, keyed on the
 #: buffer's name and whether it was made in inference mode)
 _BUFFERS = threading.local()

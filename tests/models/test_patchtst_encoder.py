@@ -6,6 +6,7 @@ reproduce."""
 from __future__ import annotations
 
 import copy
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 from torch.nn.modules.module import register_module_forward_hook
 from transformers.models.patchtst.modeling_patchtst import PatchTSTBatchNorm, PatchTSTEncoder
 
+from isoprobe.models import patchtst_encoder
 from isoprobe.models.patchtst import PatchTSTModule
 from isoprobe.models.patchtst_encoder import LeanPatchTSTEncoder
 
@@ -116,6 +118,20 @@ def test_other_batch_sizes_reuse_the_scratch_buffers_without_touching_earlier_ou
         got, expected = lean.forecast(batch).median, official.forecast(batch).median
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
     assert torch.equal(first, kept)
+
+
+def test_buffers_over_the_limit_are_not_kept(monkeypatch):
+    """A limit of 1000 elements: the scores (5 windows x 4 heads x 8 x 8 patches, 1280) and the
+    query-key-value projections (5 x 8 patches x 48, 1920) are made anew, the smaller buffers
+    kept; the forecast is the same."""
+    lean, official = modules()
+    batch = {"context": contexts()}
+    monkeypatch.setattr(patchtst_encoder, "SCRATCH_LIMIT", 1000)
+    monkeypatch.setattr(patchtst_encoder, "_BUFFERS", threading.local())
+    got = lean.forecast(batch).median
+    torch.testing.assert_close(got, official.forecast(batch).median, rtol=1e-5, atol=1e-4)
+    kept = {name for name, _ in patchtst_encoder._BUFFERS.buffers}
+    assert kept == {"attended", "merged", "inner"}
 
 
 def test_inference_mode_and_no_grad_forecasts_alternate():
