@@ -15,8 +15,10 @@ Missing values: NaNs are filled with the window's observed mean before the model
 they become 0 after it, and ``past_observed_mask`` makes the scaler ignore them.
 
 In evaluation the encoder's batch norm is the affine map of its running statistics, without
-transposes, the same numbers to float rounding (:mod:`isoprobe.models.patchtst_inference`);
-training runs the official forward.
+transposes, the same numbers to float rounding (:mod:`isoprobe.models.patchtst_inference`), and
+where nothing watches the encoder's modules it runs as one lean function over the same weights
+(:mod:`isoprobe.models.patchtst_encoder`, the same numbers to float rounding); training, probe
+hooks and attentions or hidden states asked for run the official forward.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from isoprobe.models.checkpoints import (
     scratch_shape,
 )
 from isoprobe.models.config_schema import check_pretrained_config
+from isoprobe.models.patchtst_encoder import lean_encoder
 from isoprobe.models.patchtst_inference import use_inference_kernels
 from isoprobe.models.transformers_schemas import PATCHTST
 
@@ -109,6 +112,7 @@ class PatchTSTModule(ForecastModule):
                 self.resolved_checkpoint.location, head, self.context_length, self.prediction_length
             )
         use_inference_kernels(self.model)
+        lean_encoder(self.model.model.encoder)
         log.info("PatchTST weights: %s", self.resolved_checkpoint.describe())
 
     # ----------------------------------------------------------------- inputs

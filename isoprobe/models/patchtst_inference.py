@@ -11,8 +11,11 @@ the model they always saw.
 
 Measured on the 2-core CPU in one process (64 windows of 512 steps, the bundled model, min of
 8 x 20 alternating calls): 1.15x the official forward on two threads, 1.09x on one
-(``OMP_NUM_THREADS=1``). The attention stays the official ``scaled_dot_product_attention``: its
-plain three-operation form measured 0.57x on two threads and 0.84x on one.
+(``OMP_NUM_THREADS=1``). Where nothing watches the encoder's modules, evaluation now runs
+:class:`isoprobe.models.patchtst_encoder.LeanPatchTSTEncoder` instead, which folds these maps
+into the projections after them (its docstring has the figures); this module's batch norm is
+what the official forward runs in evaluation when a probe hook or an output asked for sends the
+encoder there.
 """
 
 from __future__ import annotations

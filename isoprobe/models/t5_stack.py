@@ -106,7 +106,7 @@ class LeanT5Stack(T5Stack):
             positions = (ids if embeds is None else embeds).shape[1]
             if positions != 1 or kwargs.get("encoder_hidden_states") is None:
                 return False
-        return self._lean_structure() and not _watched_or_training(self)
+        return self._lean_structure() and not watched_or_training(self)
 
     def _lean_structure(self) -> bool:
         """Every block is made of the modules the lean forward reproduces."""
@@ -186,7 +186,7 @@ class LeanT5Stack(T5Stack):
         return hidden
 
 
-def _watched_or_training(stack: nn.Module) -> bool:
+def watched_or_training(stack: nn.Module) -> bool:
     """Whether a submodule of the stack trains (its dropout, an adapter's) or a hook would see
     its call (the stack's own hooks run around its forward either way), or a global module hook
     any call."""
