@@ -19,6 +19,7 @@ from transformers.models.patchtst.modeling_patchtst import PatchTSTBatchNorm, Pa
 from isoprobe.models import patchtst_encoder
 from isoprobe.models.patchtst import PatchTSTModule
 from isoprobe.models.patchtst_encoder import LeanPatchTSTEncoder
+from tests.models.lean_paths import spy_on_paths
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/patchtst.yaml")
 CONTEXT, HORIZON = 72, 8  # 8 patches of 16 every 8
@@ -60,21 +61,7 @@ def contexts(case: str = "missing", windows: int = 5) -> torch.Tensor:
 @pytest.fixture
 def lean_calls(monkeypatch) -> list[bool]:
     """One entry per forward of a lean encoder: whether it took the lean path."""
-    calls: list[bool] = []
-    lean_forward, official_forward = LeanPatchTSTEncoder._lean_forward, PatchTSTEncoder.forward
-
-    def spy_lean(self, *args):
-        calls.append(True)
-        return lean_forward(self, *args)
-
-    def spy_official(self, *args, **kwargs):
-        if type(self) is LeanPatchTSTEncoder:
-            calls.append(False)
-        return official_forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(LeanPatchTSTEncoder, "_lean_forward", spy_lean)
-    monkeypatch.setattr(PatchTSTEncoder, "forward", spy_official)
-    return calls
+    return spy_on_paths(monkeypatch, LeanPatchTSTEncoder, PatchTSTEncoder)
 
 
 def encoder_outputs(lean: PatchTSTModule, official: PatchTSTModule, patches: torch.Tensor):

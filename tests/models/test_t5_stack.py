@@ -16,6 +16,7 @@ from transformers.models.t5.modeling_t5 import T5Stack
 from isoprobe.models.chronos.bolt import ChronosBoltModule
 from isoprobe.models.compression import FactoredLinear
 from isoprobe.models.t5_stack import LeanT5Stack
+from tests.models.lean_paths import spy_on_paths
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos_bolt.yaml")
 BOLT = {
@@ -61,21 +62,7 @@ def contexts(case: str) -> torch.Tensor:
 @pytest.fixture
 def lean_calls(monkeypatch) -> list[bool]:
     """One entry per forward of a lean stack: whether it took the lean path."""
-    calls: list[bool] = []
-    lean_forward, official_forward = LeanT5Stack._lean_forward, T5Stack.forward
-
-    def spy_lean(self, *args):
-        calls.append(True)
-        return lean_forward(self, *args)
-
-    def spy_official(self, *args, **kwargs):
-        if type(self) is LeanT5Stack:
-            calls.append(False)
-        return official_forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(LeanT5Stack, "_lean_forward", spy_lean)
-    monkeypatch.setattr(T5Stack, "forward", spy_official)
-    return calls
+    return spy_on_paths(monkeypatch, LeanT5Stack, T5Stack)
 
 
 @pytest.mark.parametrize("case", ["observed", "missing"])
