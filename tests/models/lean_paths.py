@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+import torch
 
 
 def spy_on_paths(monkeypatch: pytest.MonkeyPatch, lean_class: type, official_class: type):
@@ -24,3 +27,22 @@ def spy_on_paths(monkeypatch: pytest.MonkeyPatch, lean_class: type, official_cla
     monkeypatch.setattr(lean_class, "_lean_forward", spy_lean)
     monkeypatch.setattr(official_class, "forward", spy_official)
     return calls
+
+
+def probe_captures(module, batch: dict) -> dict:
+    """What forward hooks on every layer the probe reads (blocks and attentions) capture in
+    one ``probe_forward`` of ``module`` on ``batch``: {layer name: its output}."""
+    captured = {}
+
+    def keep(name, _module, _args, out):
+        captured[name] = out[0] if isinstance(out, tuple) else out
+
+    layers = {**module.probe_layers(), **module.probe_layers("attention")}
+    handles = [layer.register_forward_hook(partial(keep, n)) for n, layer in layers.items()]
+    try:
+        with torch.no_grad():
+            module.probe_forward(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured

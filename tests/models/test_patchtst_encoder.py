@@ -19,7 +19,7 @@ from transformers.models.patchtst.modeling_patchtst import PatchTSTBatchNorm, Pa
 from isoprobe.models import patchtst_encoder
 from isoprobe.models.patchtst import PatchTSTModule
 from isoprobe.models.patchtst_encoder import LeanPatchTSTEncoder
-from tests.models.lean_paths import spy_on_paths
+from tests.models.lean_paths import probe_captures, spy_on_paths
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/patchtst.yaml")
 CONTEXT, HORIZON = 72, 8  # 8 patches of 16 every 8
@@ -161,26 +161,12 @@ def test_changed_parameters_and_statistics_fold_again(lean_calls):
     assert lean_calls == [True, True, True]
 
 
-def _keep(into: dict, name: str, _module, _args, out) -> None:
-    into[name] = out[0] if isinstance(out, tuple) else out
-
-
 def test_probe_captures_are_unchanged_and_lean_forecasts_resume(lean_calls):
     """The probe's hooks see the official modules' calls, with the values of a model without
     the lean encoder; once they are removed, forecasts are lean again."""
     lean, official = modules()
     batch = {"context": contexts(), "target": torch.randn(5, HORIZON)}
-    captured: dict[str, dict[str, torch.Tensor]] = {"lean": {}, "official": {}}
-    for name, module in (("lean", lean), ("official", official)):
-        layers = {**module.probe_layers(), **module.probe_layers("attention")}
-        handles = [
-            layer.register_forward_hook(partial(_keep, captured[name], n))
-            for n, layer in layers.items()
-        ]
-        with torch.no_grad():
-            module.probe_forward(batch)
-        for handle in handles:
-            handle.remove()
+    captured = {"lean": probe_captures(lean, batch), "official": probe_captures(official, batch)}
     assert lean_calls == [False]
     assert (
         captured["lean"].keys()

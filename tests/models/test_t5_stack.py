@@ -16,7 +16,7 @@ from transformers.models.t5.modeling_t5 import T5Stack
 from isoprobe.models.chronos.bolt import ChronosBoltModule
 from isoprobe.models.compression import FactoredLinear
 from isoprobe.models.t5_stack import LeanT5Stack
-from tests.models.lean_paths import spy_on_paths
+from tests.models.lean_paths import probe_captures, spy_on_paths
 
 CONFIG = OmegaConf.load(Path(__file__).resolve().parents[2] / "configs/model/chronos_bolt.yaml")
 BOLT = {
@@ -171,26 +171,12 @@ def test_outputs_asked_for_run_the_official_forward(asked, lean_calls):
             assert torch.equal(a, b)
 
 
-def _keep(into: dict, name: str, _module, _args, out) -> None:
-    into[name] = out[0] if isinstance(out, tuple) else out
-
-
 def test_probe_captures_are_unchanged_and_lean_forecasts_resume(lean_calls):
     """The probe's hooks on every block see the official modules' calls, with the values of
     a model without lean stacks; once they are removed, forecasts are lean again."""
     lean, official = modules()
     batch = {"context": contexts("missing"), "target": torch.randn(5, 8)}
-    captured: dict[str, dict[str, torch.Tensor]] = {"lean": {}, "official": {}}
-    for name, module in (("lean", lean), ("official", official)):
-        layers = {**module.probe_layers(), **module.probe_layers("attention")}
-        handles = [
-            layer.register_forward_hook(partial(_keep, captured[name], n))
-            for n, layer in layers.items()
-        ]
-        with torch.no_grad():
-            module.probe_forward(batch)
-        for handle in handles:
-            handle.remove()
+    captured = {"lean": probe_captures(lean, batch), "official": probe_captures(official, batch)}
     assert captured["lean"].keys() == captured["official"].keys()
     for name, value in captured["lean"].items():
         assert torch.equal(value, captured["official"][name]), name
