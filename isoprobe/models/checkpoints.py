@@ -15,7 +15,7 @@ import dataclasses
 import json
 import logging
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -335,6 +335,38 @@ def load_float_weights(
         )
     network.load_state_dict({name: tensor.float() for name, tensor in weights.items()})
     return network.train()
+
+
+def load_published_network(
+    resolved: ResolvedCheckpoint,
+    scratch: Mapping[str, Any] | None,
+    network: Callable[[Any], torch.nn.Module],
+    shape_from_fields: Callable[[Mapping[str, Any], str], Any],
+    *,
+    described: str,
+    loads: str,
+    shape_from_config: Callable[[Mapping[str, Any], str], Any] | None = None,
+    rename: Callable[[dict[str, torch.Tensor], Any], Mapping[str, Any]] | None = None,
+    fix: str | None = None,
+) -> torch.nn.Module:
+    """The network of ``model.checkpoint`` in train mode, for a model published as config.json
+    beside model.safetensors: from ``checkpoint=scratch``, ``network(shape_from_fields(scratch,
+    "model.sizes"))``; from a checkpoint, the shape of its config.json (read as data:
+    ``shape_from_config(config, source)``, by default ``shape_from_fields`` of the config) and
+    its safetensors weights, named as the network names them by ``rename(weights, shape)``,
+    loaded by :func:`load_float_weights` (``described``, ``loads`` and ``fix`` its messages')."""
+    if resolved.kind == "scratch":
+        return network(shape_from_fields(scratch_shape(scratch), "model.sizes"))
+    source = resolved.location
+    config = read_json_config(checkpoint_file(resolved, "config.json"))
+    if shape_from_config is None:
+        shape = shape_from_fields(config, f"{source}/config.json")
+    else:
+        shape = shape_from_config(config, source)
+    weights: Mapping[str, Any] = read_safetensors(checkpoint_file(resolved, "model.safetensors"))
+    if rename is not None:
+        weights = rename(weights, shape)
+    return load_float_weights(network(shape), weights, source, described, loads, fix)
 
 
 def scratch_fields(

@@ -12,27 +12,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from isoprobe.models.checkpoints import (
-    REEXPORT,
-    ResolvedCheckpoint,
-    checkpoint_file,
-    load_float_weights,
-    read_json_config,
-    read_safetensors,
-    scratch_shape,
-)
+from isoprobe.models.checkpoints import REEXPORT, ResolvedCheckpoint, load_published_network
 from isoprobe.models.time_moe.config import LOADS, shape_from_config, shape_from_fields
 from isoprobe.models.time_moe.network import TimeMoeNetwork
-
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
 
 def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> TimeMoeNetwork:
     """The network of ``model.checkpoint`` (see the module docstring), in train mode."""
-    if resolved.kind == "scratch":
-        return TimeMoeNetwork(shape_from_fields(scratch_shape(scratch), "model.sizes"))
-    source = resolved.location
-    config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
-    network = TimeMoeNetwork(shape_from_config(config, source))
-    weights = read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME))
-    return load_float_weights(network, weights, source, "its config.json", LOADS, REEXPORT)
+    return load_published_network(
+        resolved,
+        scratch,
+        TimeMoeNetwork,
+        shape_from_fields,
+        described="its config.json",
+        loads=LOADS,
+        shape_from_config=shape_from_config,
+        fix=REEXPORT,
+    )

@@ -14,30 +14,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from isoprobe.models.checkpoints import (
-    ResolvedCheckpoint,
-    checkpoint_file,
-    load_float_weights,
-    read_json_config,
-    read_safetensors,
-    scratch_shape,
-)
+from isoprobe.models.checkpoints import ResolvedCheckpoint, load_published_network
 from isoprobe.models.toto.config import LOADS, shape_from_fields
 from isoprobe.models.toto.network import TotoNetwork, isoprobe_names
-
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
 
 def load_network(resolved: ResolvedCheckpoint, scratch: Mapping[str, Any] | None) -> TotoNetwork:
     """The network of ``model.checkpoint`` in train mode: ``scratch`` builds the scratch
     fields; a checkpoint builds its config.json's shape and loads its weights."""
-    if resolved.kind == "scratch":
-        return TotoNetwork(shape_from_fields(scratch_shape(scratch), "model.sizes"))
-    source = resolved.location
-    config = read_json_config(checkpoint_file(resolved, CONFIG_NAME))
-    shape = shape_from_fields(config, f"{source}/config.json")
-    network = TotoNetwork(shape)
-    weights = isoprobe_names(read_safetensors(checkpoint_file(resolved, WEIGHTS_NAME)), shape)
-    described = "the Toto its config.json describes"
-    edited = f"The config was edited or belongs to other weights. {LOADS}"
-    return load_float_weights(network, weights, source, described, LOADS, edited)
+    return load_published_network(
+        resolved,
+        scratch,
+        TotoNetwork,
+        shape_from_fields,
+        described="the Toto its config.json describes",
+        loads=LOADS,
+        rename=isoprobe_names,
+        fix=f"The config was edited or belongs to other weights. {LOADS}",
+    )
