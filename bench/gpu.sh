@@ -73,8 +73,8 @@ else
   echo "probe under DDP: skipped, $nproc GPU (two are needed; NCCL gives each process its own)"
   step probe_gpu "$PY" run.py "${probe[@]}" "${one[@]}" "hydra.run.dir=$OUT/probe_gpu" &&
     step probe_cpu "$PY" run.py "${probe[@]}" trainer=cpu "hydra.run.dir=$OUT/probe_cpu" &&
-    step probe_gpu_cpu "$PY" bench/probe_tables_agree.py "$OUT/probe_gpu" "$OUT/probe_cpu"
-  cat "$OUT/probe_gpu_cpu.log"
+    step probe_gpu_cpu "$PY" bench/probe_tables_agree.py "$OUT/probe_gpu" "$OUT/probe_cpu" &&
+    cat "$OUT/probe_gpu_cpu.log"
 fi
 
 # 3. the benches, each against its reference in the same run
