@@ -81,6 +81,8 @@ PROBE = {
 }
 #: config path -> setting -> its range
 SCHEMA: Mapping[str, Mapping[str, Range]] = {
+    # the sample paths of the models that sample (Chronos-T5, Lag-Llama, Moirai, Sundial, Toto, ...)
+    "model": {"num_samples": whole(1, MAX_COUNT)},
     "model.lora": {
         "r": whole(1, 4096),
         "alpha": number(0, 1e6, open_low=True),

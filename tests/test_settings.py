@@ -31,6 +31,9 @@ REFUSED = [
     ),
     ("data.noise_std=-0.1", "data.noise_std must be a finite number in [0, 1e+06], got -0.1"),
     ("callbacks.probe.max_tokens=1", "callbacks.probe.max_tokens must be a whole number"),
+    ("model.num_samples=0", "model.num_samples must be a whole number in [1, 1e+06], got 0"),
+    ("model=toto model.num_samples=-3", "model.num_samples must be a whole number in [1, 1e+06]"),
+    ("model=moirai model.num_samples=2.5", "model.num_samples must be a whole number"),
 ]
 
 
