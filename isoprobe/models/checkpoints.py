@@ -24,7 +24,7 @@ import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import HFValidationError
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from isoprobe.errors import IsoprobeError
 from isoprobe.models.pickle_globals import refused_globals
@@ -367,6 +367,29 @@ def load_published_network(
     if rename is not None:
         weights = rename(weights, shape)
     return load_float_weights(network(shape), weights, source, described, loads, fix)
+
+
+def export_published_network(
+    network: torch.nn.Module,
+    directory: str,
+    dtype: str,
+    config: Mapping[str, Any],
+    rename: Callable[[str], str] | None = None,
+) -> None:
+    """Write ``network`` in the layout :func:`load_published_network` reads: its weights as
+    model.safetensors (floating-point tensors in ``dtype``, each name through ``rename``) beside
+    ``config`` as config.json."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    to = getattr(torch, dtype)
+    weights = {
+        (rename(name) if rename else name): (
+            tensor.to(to) if tensor.is_floating_point() else tensor
+        ).contiguous()
+        for name, tensor in network.state_dict().items()
+    }
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 def scratch_fields(

@@ -40,22 +40,18 @@ writes into the batch, and packs a leading run of NaN as the padding ``forward``
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
-from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import export_published_network, resolve_checkpoint, scratch_fields
 from isoprobe.models.moirai2.config import Moirai2Shape, official_config
 from isoprobe.models.moirai2.loading import load_network
 from isoprobe.models.moirai2.network import Moirai2Network
@@ -284,12 +280,7 @@ class Moirai2Module(ForecastModule):
     def export(self, directory: str, dtype: str = "float32") -> None:
         """model.safetensors with the published tensor names and config.json with
         ``Moirai2Module``'s arguments, the published layout."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        network = copy.deepcopy(self.network).to(getattr(torch, dtype))
-        weights = {k: v.contiguous() for k, v in network.state_dict().items()}
-        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-        (path / "config.json").write_text(json.dumps(official_config(self.shape), indent=2) + "\n")
+        export_published_network(self.network, directory, dtype, official_config(self.shape))
 
     # ----------------------------------------------------------------- memory
     def _tokens(self, length: int) -> int:

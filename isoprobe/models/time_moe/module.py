@@ -23,20 +23,16 @@ only where both the input step and the predicted step are observed.
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
-from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import export_published_network, resolve_checkpoint, scratch_fields
 from isoprobe.models.time_moe.config import official_config
 from isoprobe.models.time_moe.loading import load_network
 from isoprobe.models.time_moe.network import TimeMoeNetwork, balance_loss
@@ -238,13 +234,7 @@ class TimeMoeModule(ForecastModule):
     def export(self, directory: str, dtype: str = "float32") -> None:
         """The published layout: config.json (with the official ``auto_map``, so the official
         code loads the directory once its Python files are copied in) and model.safetensors."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        network = copy.deepcopy(self.network).to(getattr(torch, dtype))
-        weights = {k: v.contiguous() for k, v in network.state_dict().items()}
-        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-        config = official_config(self.shape, dtype)
-        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        export_published_network(self.network, directory, dtype, official_config(self.shape, dtype))
 
     # ----------------------------------------------------------------- memory
     def _per_token_floats(self, training: bool) -> int:

@@ -34,21 +34,17 @@ context serves every patch, so the loss reads the tokens the probe reads.
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
-from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import export_published_network, resolve_checkpoint, scratch_fields
 from isoprobe.models.kv_cache import KeyValueCache
 from isoprobe.models.padding import whole_patches
 from isoprobe.models.quantiles import register_level_weights
@@ -290,12 +286,9 @@ class TimesFm25Module(ForecastModule):
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """model.safetensors with the published tensor names, and config.json with the shape."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        network = copy.deepcopy(self.network).to(getattr(torch, dtype))
-        weights = {official_name(k): v.contiguous() for k, v in network.state_dict().items()}
-        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-        (path / "config.json").write_text(json.dumps(official_config(self.shape), indent=2) + "\n")
+        export_published_network(
+            self.network, directory, dtype, official_config(self.shape), official_name
+        )
 
     # ----------------------------------------------------------------- memory
     def _tokens(self, length: int) -> int:

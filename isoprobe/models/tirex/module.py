@@ -31,21 +31,22 @@ its sLSTM and feed-forward) are probed like any other model's.
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from isoprobe.models.base import ATTENTION_PROJECTIONS, Batch, Forecast, ForecastModule
-from isoprobe.models.checkpoints import ResolvedCheckpoint, resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import (
+    ResolvedCheckpoint,
+    export_published_network,
+    resolve_checkpoint,
+    scratch_fields,
+)
 from isoprobe.models.quantiles import register_level_weights
 from isoprobe.models.tirex.config import TirexShape, official_config
 from isoprobe.models.tirex.loading import load_network, published_file
@@ -250,12 +251,9 @@ class TirexModule(ForecastModule):
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """model.safetensors with the published tensor names, and config.json with the shape."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        network = copy.deepcopy(self.network).to(getattr(torch, dtype))
-        weights = {official_name(k): v.contiguous() for k, v in network.state_dict().items()}
-        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-        (path / "config.json").write_text(json.dumps(official_config(self.shape), indent=2) + "\n")
+        export_published_network(
+            self.network, directory, dtype, official_config(self.shape), official_name
+        )
 
     # ----------------------------------------------------------------- memory
     def _block_floats(self, tokens: int, training: bool) -> int:

@@ -36,20 +36,16 @@ is predicted from the step ``p`` before it, and one pass serves both the loss an
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from isoprobe.models.base import Batch, Forecast, ForecastModule
-from isoprobe.models.checkpoints import resolve_checkpoint, scratch_fields
+from isoprobe.models.checkpoints import export_published_network, resolve_checkpoint, scratch_fields
 from isoprobe.models.padding import whole_patches
 from isoprobe.models.toto.config import TotoShape, official_config
 from isoprobe.models.toto.loading import load_network
@@ -251,14 +247,13 @@ class TotoModule(ForecastModule):
 
     def export(self, directory: str, dtype: str = "float32") -> None:
         """model.safetensors with the published tensor names, config.json as published."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        network = copy.deepcopy(self.network).to(getattr(torch, dtype))
-        weights = {
-            official_name(k, self.shape): v.contiguous() for k, v in network.state_dict().items()
-        }
-        save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-        (path / "config.json").write_text(json.dumps(official_config(self.shape), indent=2) + "\n")
+        export_published_network(
+            self.network,
+            directory,
+            dtype,
+            official_config(self.shape),
+            lambda name: official_name(name, self.shape),
+        )
 
     # ----------------------------------------------------------------- memory
     def _layer_floats(self, tokens: int) -> int:
