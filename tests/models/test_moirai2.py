@@ -15,7 +15,6 @@ value)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,6 +32,7 @@ from isoprobe.models.moirai2.network import Moirai2Network
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
+from tests.models.checkpoint_dirs import copied_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "moirai2"
 #: Salesforce/moirai-2.0-R-small's config.json (its comment names the sources) and the
@@ -196,19 +196,8 @@ def test_the_loss_is_uni2ts_quantile_loss_of_every_real_patch_ahead(tmp_path):
     assert loss == pytest.approx(np.mean(windows), rel=1e-5)
 
 
-def copy_fixture(tmp_path) -> Path:
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, directory / name)
-    return directory
-
-
 def test_a_moirai_1_config_is_refused_naming_its_keys(tmp_path):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update({"patch_sizes": [8, 16], "distr_output": {}})
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, patch_sizes=[8, 16], distr_output={})
     with pytest.raises(
         CheckpointError, match=r"unexpected keys \['distr_output', 'patch_sizes'\].*model=moirai"
     ):
@@ -225,10 +214,7 @@ def test_a_moirai_1_config_is_refused_naming_its_keys(tmp_path):
     ],
 )
 def test_a_shape_isoprobe_cannot_build_is_refused_naming_the_field(tmp_path, change, named):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(change)
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, **change)
     with pytest.raises(CheckpointError, match=named):
         build(tmp_path, str(directory), 24, 20)
 
@@ -236,10 +222,7 @@ def test_a_shape_isoprobe_cannot_build_is_refused_naming_the_field(tmp_path, cha
 def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path):
     """The fixture's weights under a config.json of two more blocks and another patch size:
     the first tensor that differs, with both shapes."""
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update({"patch_size": 8, "num_layers": 4})
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, patch_size=8, num_layers=4)
     with pytest.raises(
         CheckpointError,
         match=r"do not fit the Moirai 2.0 shape of its config.json: in_proj.hidden_layer.weight "
@@ -249,7 +232,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path)
 
 
 def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     del weights["encoder.layers.0.norm2.weight"]
     save_file(weights, str(directory / "model.safetensors"))

@@ -16,7 +16,6 @@ allowed 1e-5 of the samples' largest magnitude (measured: 9.7e-5 of 42, 2.3e-6 o
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -32,6 +31,7 @@ from isoprobe.models.sundial.network import time_features
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
+from tests.models.checkpoint_dirs import copied_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sundial"
 LAYERS, LOSS, SAMPLES = 1e-6, 1e-6, 1e-5
@@ -202,14 +202,6 @@ def test_the_parameter_count_is_the_networks(tmp_path):
     assert parameter_count(config) == sum(p.numel() for p in model.network.parameters())
 
 
-def copy_fixture(tmp_path) -> Path:
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, directory / name)
-    return directory
-
-
 def test_an_export_reloads_the_same_weights_and_config(tmp_path):
     model = build(tmp_path, str(FIXTURE))
     model.export(str(tmp_path / "export"))
@@ -224,10 +216,7 @@ def test_an_export_reloads_the_same_weights_and_config(tmp_path):
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config["hidden_size"] = 32
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, hidden_size=32)
     with pytest.raises(
         CheckpointError,
         match=r"do not fit the Sundial its config.json describes: embed_layer.output_layer.weight "
@@ -237,7 +226,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path)
 
 
 def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     del weights["flow_loss.net.res_blocks.1.in_ln.bias"]
     save_file(weights, str(directory / "model.safetensors"))
@@ -258,10 +247,7 @@ def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
     ],
 )
 def test_a_config_isoprobe_cannot_build_is_refused_naming_the_field(tmp_path, change, named):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(change)
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, **change)
     with pytest.raises(CheckpointError, match=named):
         build(tmp_path, str(directory))
 

@@ -6,7 +6,6 @@ loss's parts, and what a checkpoint directory must hold."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ from isoprobe.models.time_moe.network import SparseExperts, balance_loss
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
+from tests.models.checkpoint_dirs import copied_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "time_moe"
 #: float32 against float32 on the same (bfloat16-exact) weights: only summation order differs
@@ -225,16 +225,8 @@ def test_a_tokens_output_does_not_depend_on_how_many_tokens_share_its_expert():
     assert torch.equal(part, whole[:, :300])
 
 
-def copy_fixture(tmp_path) -> Path:
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, directory / name)
-    return directory
-
-
 def test_another_architectures_config_is_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     (directory / "config.json").write_text(
         json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
     )
@@ -243,16 +235,13 @@ def test_another_architectures_config_is_refused_naming_it(tmp_path):
 
 
 def test_a_config_with_an_unknown_key_is_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config["chronos_config"] = {"n_tokens": 4096}
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, chronos_config={"n_tokens": 4096})
     with pytest.raises(CheckpointError, match=r"unexpected keys \['chronos_config'\]"):
         build(tmp_path, str(directory), 24, 8)
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_naming_the_tensor(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     weights["lm_heads.0.out_layer.weight"] = torch.zeros(3, 16, dtype=torch.bfloat16)
     del weights["model.norm.weight"]
@@ -266,10 +255,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_naming_the_tensor(tmp_pa
 
 
 def test_a_shape_isoprobe_does_not_build_is_refused_naming_the_field(tmp_path):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(use_dense=True, apply_aux_loss=False)
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, use_dense=True, apply_aux_loss=False)
     with pytest.raises(CheckpointError, match=r"use_dense=True"):
         build(tmp_path, str(directory), 24, 8)
 

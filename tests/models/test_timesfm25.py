@@ -16,7 +16,6 @@ and 1.8e-5 (with the continuous quantile head)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +35,7 @@ from isoprobe.models.timesfm25.network import (
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
+from tests.models.checkpoint_dirs import copied_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "timesfm25"
 LAYERS, HEADS, FORECAST = 1e-5, 1e-5, 1e-4
@@ -246,18 +246,10 @@ def test_a_patch_without_an_observed_value_is_no_token_and_hidden_from_attention
     assert changed.tolist() == [False, False, True, False, False, False]
 
 
-def copy_fixture(tmp_path) -> Path:
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, directory / name)
-    return directory
-
-
 def test_a_config_json_without_an_architecture_builds_the_published_shape(tmp_path):
     """The published layout: config.json names no architecture, model.sizes.official_200m
     gives it (here the fixture's tiny shape), and the weights load into it."""
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     (directory / "config.json").write_text("{}")
     model = build(tmp_path, str(directory), 24, 20, *TINY_PUBLISHED)
     weights = load_file(FIXTURE / "model.safetensors")
@@ -268,7 +260,7 @@ def test_a_config_json_without_an_architecture_builds_the_published_shape(tmp_pa
 def test_published_weights_that_do_not_fit_the_published_shape_are_refused(tmp_path):
     """The tiny weights under the real published shape: one message naming the first tensor
     that differs and both its shapes."""
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     (directory / "config.json").write_text("{}")
     with pytest.raises(
         CheckpointError,
@@ -279,17 +271,14 @@ def test_published_weights_that_do_not_fit_the_published_shape_are_refused(tmp_p
 
 
 def test_another_architectures_config_is_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     (directory / "config.json").write_text(json.dumps({"model_type": "timesfm"}))
     with pytest.raises(CheckpointError, match=r"not a TimesFM 2.5 config \(model_type='timesfm'"):
         build(tmp_path, str(directory), 24, 20)
 
 
 def test_a_config_with_an_unknown_key_is_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config["num_experts"] = 4
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, num_experts=4)
     with pytest.raises(CheckpointError, match=r"unexpected keys \['num_experts'\]"):
         build(tmp_path, str(directory), 24, 20)
 
@@ -304,16 +293,13 @@ def test_a_config_with_an_unknown_key_is_refused_naming_it(tmp_path):
     ],
 )
 def test_a_shape_isoprobe_cannot_build_is_refused_naming_the_field(tmp_path, change, named):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(change)
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, **change)
     with pytest.raises(CheckpointError, match=named):
         build(tmp_path, str(directory), 24, 20)
 
 
 def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     del weights["stacked_xf.0.post_ff_ln.scale"]
     save_file(weights, str(directory / "model.safetensors"))

@@ -21,7 +21,6 @@ at the 0.1 and 0.9 levels; the largest of the 216 gaps measured is 0.16)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,6 +48,7 @@ from isoprobe.models.toto.network import (
 from isoprobe.probing.capture import capture_outputs
 from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
+from tests.models.checkpoint_dirs import copied_checkpoint
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "toto"
 #: the same kind of model with its space-wise layers last in their groups
@@ -271,18 +271,10 @@ def test_the_fixture_weights_carry_the_official_names(tmp_path):
     assert {"model.transformer.layers.0.attention.wQKV.weight", "model.unembed.weight"} <= names
 
 
-def copy_fixture(tmp_path) -> Path:
-    directory = tmp_path / "checkpoint"
-    directory.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(FIXTURE / name, directory / name)
-    return directory
-
-
 def test_fused_swiglu_names_and_the_rotary_buffer_load(tmp_path):
     """The package's xFormers names (``mlp.0.w12``, ``mlp.0.w3``) and a stored rotary
     ``freqs`` buffer, as some of its checkpoints hold them, load into the same weights."""
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     fused = {
         name.replace("mlp.0.", "mlp.0.w12.").replace("mlp.2.", "mlp.0.w3."): tensor
@@ -298,10 +290,7 @@ def test_fused_swiglu_names_and_the_rotary_buffer_load(tmp_path):
 def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path):
     """The tiny weights under a config of another width: the first tensor that differs, with
     both shapes."""
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config["embed_dim"] = 32
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, embed_dim=32)
     with pytest.raises(
         CheckpointError,
         match=r"do not fit the Toto its config.json describes: patch_embed.projection.weight "
@@ -311,7 +300,7 @@ def test_weights_that_do_not_fit_the_config_are_refused_in_one_message(tmp_path)
 
 
 def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
-    directory = copy_fixture(tmp_path)
+    directory = copied_checkpoint(FIXTURE, tmp_path)
     weights = load_file(directory / "model.safetensors")
     del weights["model.transformer.layers.2.norm2.scale"]
     save_file(weights, str(directory / "model.safetensors"))
@@ -336,10 +325,7 @@ def test_weights_missing_a_tensor_are_refused_naming_it(tmp_path):
     ],
 )
 def test_a_config_isoprobe_cannot_build_is_refused_naming_the_field(tmp_path, change, named):
-    directory = copy_fixture(tmp_path)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(change)
-    (directory / "config.json").write_text(json.dumps(config))
+    directory = copied_checkpoint(FIXTURE, tmp_path, **change)
     with pytest.raises(CheckpointError, match=named):
         build(tmp_path, str(directory))
 
