@@ -12,6 +12,7 @@ import pathlib
 import pickle
 import re
 import shutil
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -419,33 +420,82 @@ def test_time_moe_weights_file_holding_a_pickle_is_refused_and_runs_nothing(tmp_
     assert not marker.exists()
 
 
-# -- TimesFM 2.5: model.safetensors beside a config.json, from a directory or the hub ---------
+# -- models published as model.safetensors beside config.json, from a directory or the hub ----
 
-TIMESFM25_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "timesfm25"
-#: the fixture's tiny shape as the published one, for a directory in the published layout
-TIMESFM25_PUBLISHED = [
-    f"model.sizes.official_200m.{key}={value}"
-    for key, value in json.loads((TIMESFM25_FIXTURE / "config.json").read_text()).items()
-    if key not in ("model_type", "quantiles", "decode_index")
-]
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
-def timesfm25_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
-    """The parity fixture's weights in the published layout (a config.json that describes no
-    architecture), with a pickled ``pytorch_model.bin`` payload beside them."""
+@dataclass(frozen=True)
+class Published:
+    """A model whose published checkpoint is config.json beside model.safetensors, as its
+    parity fixture lays it out: the hub id, the settings that build the fixture's shape, and
+    pairs of (isoprobe's name, the published name) of tensors that must load equal."""
+
+    model: str
+    hub_id: str
+    loads_equal: tuple[tuple[str, str], ...]
+    settings: tuple[str, ...] = ()
+    #: the published config.json describes no architecture (the settings give the shape)
+    blank_config: bool = False
+    #: the Python files the config's ``auto_map`` names, written beside it as payloads
+    remote_code: tuple[str, ...] = ()
+
+
+TIMESFM25_CONFIG = json.loads((FIXTURES / "timesfm25" / "config.json").read_text())
+PUBLISHED = {
+    case.model: case
+    for case in (
+        Published(
+            "timesfm25",
+            "google/timesfm-2.5-200m-pytorch",
+            (("stacked_xf.0.ff.ff0.weight", "stacked_xf.0.ff0.weight"),),
+            # the fixture's tiny shape as the published one
+            settings=tuple(
+                f"model.sizes.official_200m.{key}={value}"
+                for key, value in TIMESFM25_CONFIG.items()
+                if key not in ("model_type", "quantiles", "decode_index")
+            ),
+            blank_config=True,
+        ),
+        Published(
+            "moirai2",
+            "Salesforce/moirai-2.0-R-small",
+            (("encoder.layers.0.ffn.fc1.weight", "encoder.layers.0.ffn.fc1.weight"),),
+        ),
+        Published(
+            "toto",
+            "Datadog/Toto-Open-Base-1.0",
+            (("blocks.1.time.mlp.2.weight", "model.transformer.layers.3.mlp.2.weight"),),
+        ),
+        Published(
+            "sundial",
+            "thuml/sundial-base-128m",
+            (
+                ("layers.2.self_attn.q_proj.weight", "model.layers.2.self_attn.q_proj.weight"),
+                ("head.net.final_layer.linear.weight", "flow_loss.net.final_layer.linear.weight"),
+            ),
+            remote_code=("configuration_sundial.py", "modeling_sundial.py"),
+        ),
+    )
+}
+
+
+def published_directory(case: Published, directory: pathlib.Path, marker: pathlib.Path):
+    """The parity fixture's checkpoint in the published layout, with a pickled
+    ``pytorch_model.bin`` beside it that creates ``marker`` if unpickled, and the remote code's
+    files as payloads that create it if imported."""
     directory.mkdir(parents=True)
-    shutil.copy(TIMESFM25_FIXTURE / "model.safetensors", directory / "model.safetensors")
-    (directory / "config.json").write_text("{}")
+    fixture = FIXTURES / case.model
+    shutil.copy(fixture / "model.safetensors", directory / "model.safetensors")
+    if case.blank_config:
+        (directory / "config.json").write_text("{}")
+    else:
+        shutil.copy(fixture / "config.json", directory / "config.json")
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    for name in case.remote_code:
+        (directory / name).write_text(code)
     torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
     return directory
-
-
-def build_timesfm25(tmp_path, checkpoint: str):
-    cfg = compose_config(
-        tmp_path, ["model=timesfm25", *TIMESFM25_PUBLISHED, f"model.checkpoint={checkpoint}"]
-    )
-    windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
-    return build_model(cfg.model, windows)
 
 
 def hub_cache(tmp_path, monkeypatch, repo: str) -> pathlib.Path:
@@ -462,111 +512,66 @@ def hub_cache(tmp_path, monkeypatch, repo: str) -> pathlib.Path:
     return folder / "snapshots" / revision
 
 
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_timesfm25_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
-    """The published layout loads, from a directory or the hub id's cached snapshot, reading
-    only model.safetensors and config.json: the pickle beside them never runs."""
-    marker = tmp_path / "ran"
-    hub_id = "google/timesfm-2.5-200m-pytorch"
+def published_checkpoint(
+    case: Published, tmp_path, monkeypatch, marker: pathlib.Path, where: str
+) -> tuple[str, pathlib.Path]:
+    """``model.checkpoint`` and the folder it reads, for a local directory or the hub id's
+    cached snapshot."""
     if where == "hub":
-        timesfm25_directory(hub_cache(tmp_path, monkeypatch, hub_id), marker)
-        model = build_timesfm25(tmp_path, hub_id)
-        assert model.resolved_checkpoint.kind == "hub"
-    else:
-        model = build_timesfm25(tmp_path, str(timesfm25_directory(tmp_path / "handed", marker)))
-    assert not marker.exists()
-    published = load_file(TIMESFM25_FIXTURE / "model.safetensors")
-    loaded = model.network.state_dict()
-    assert loaded["stacked_xf.0.ff.ff0.weight"].equal(published["stacked_xf.0.ff0.weight"])
-    assert len(loaded) == len(published)
+        cache = hub_cache(tmp_path, monkeypatch, case.hub_id)
+        return case.hub_id, published_directory(case, cache, marker)
+    directory = published_directory(case, tmp_path / "handed", marker)
+    return str(directory), directory
 
 
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_timesfm25_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
-    tmp_path, monkeypatch, where
-):
-    marker = tmp_path / "ran"
-    hub_id = "google/timesfm-2.5-200m-pytorch"
-    if where == "hub":
-        directory = timesfm25_directory(hub_cache(tmp_path, monkeypatch, hub_id), marker)
-        checkpoint = hub_id
-    else:
-        directory = timesfm25_directory(tmp_path / "handed", marker)
-        checkpoint = str(directory)
-    (directory / "model.safetensors").write_bytes(payload(marker))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
-        build_timesfm25(tmp_path, checkpoint)
-    assert not marker.exists()
-
-
-def test_timesfm25_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
-    marker = tmp_path / "ran"
-    directory = timesfm25_directory(tmp_path / "handed", marker)
-    (directory / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
-        build_timesfm25(tmp_path, str(directory))
-    assert not marker.exists()
-
-
-# -- Moirai 2.0: model.safetensors beside Moirai2Module's config.json, a directory or the hub --
-
-MOIRAI2_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "moirai2"
-MOIRAI2_HUB_ID = "Salesforce/moirai-2.0-R-small"
-
-
-def moirai2_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
-    """The parity fixture in the published layout (config.json, model.safetensors), with a
-    pickled ``pytorch_model.bin`` payload beside them."""
-    directory.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(MOIRAI2_FIXTURE / name, directory / name)
-    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
-    return directory
-
-
-def moirai2_checkpoint(tmp_path, monkeypatch, where: str, marker: pathlib.Path):
-    """(directory, model.checkpoint) of a payload directory handed as a path or as the hub
-    id's cached snapshot."""
-    if where == "hub":
-        return moirai2_directory(hub_cache(tmp_path, monkeypatch, MOIRAI2_HUB_ID), marker), (
-            MOIRAI2_HUB_ID
-        )
-    directory = moirai2_directory(tmp_path / "handed", marker)
-    return directory, str(directory)
-
-
-def build_moirai2(tmp_path, checkpoint: str):
-    cfg = compose_config(tmp_path, ["model=moirai2", f"model.checkpoint={checkpoint}"])
+def build_published(case: Published, tmp_path, checkpoint: str):
+    cfg = compose_config(
+        tmp_path, [f"model={case.model}", *case.settings, f"model.checkpoint={checkpoint}"]
+    )
     windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
     return build_model(cfg.model, windows)
 
 
 @pytest.mark.parametrize("where", ["directory", "hub"])
-def test_moirai2_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
-    """The published layout loads, reading only model.safetensors and config.json: the
-    pickle beside them never runs."""
-    marker = tmp_path / "ran"
-    _, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
-    model = build_moirai2(tmp_path, checkpoint)
-    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_published_weights_load_as_data_from_a_directory_and_the_hub(
+    tmp_path, monkeypatch, model, where
+):
+    """The published layout loads, from a directory or the hub id's cached snapshot, reading
+    only model.safetensors and config.json: neither the pickle beside them nor the remote code
+    a config's ``auto_map`` names runs."""
+    case, marker = PUBLISHED[model], tmp_path / "ran"
+    checkpoint, _ = published_checkpoint(case, tmp_path, monkeypatch, marker, where)
+    loaded_model = build_published(case, tmp_path, checkpoint)
+    assert loaded_model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
     assert not marker.exists()
-    published = load_file(MOIRAI2_FIXTURE / "model.safetensors")
-    loaded = model.network.state_dict()
-    assert loaded["encoder.layers.0.ffn.fc1.weight"].equal(
-        published["encoder.layers.0.ffn.fc1.weight"].float()
-    )
+    published = load_file(FIXTURES / model / "model.safetensors")
+    loaded = loaded_model.network.state_dict()
+    for ours, theirs in case.loads_equal:
+        assert loaded[ours].equal(published[theirs].float())
     assert len(loaded) == len(published)
 
 
 @pytest.mark.parametrize("where", ["directory", "hub"])
-def test_moirai2_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
-    tmp_path, monkeypatch, where
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_published_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
+    tmp_path, monkeypatch, model, where
 ):
-    marker = tmp_path / "ran"
-    directory, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
+    case, marker = PUBLISHED[model], tmp_path / "ran"
+    checkpoint, directory = published_checkpoint(case, tmp_path, monkeypatch, marker, where)
     (directory / "model.safetensors").write_bytes(payload(marker))
     with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
-        build_moirai2(tmp_path, checkpoint)
+        build_published(case, tmp_path, checkpoint)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_published_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path, model):
+    case, marker = PUBLISHED[model], tmp_path / "ran"
+    directory = published_directory(case, tmp_path / "handed", marker)
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
+        build_published(case, tmp_path, str(directory))
     assert not marker.exists()
 
 
@@ -574,8 +579,8 @@ def test_moirai2_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
 def test_moirai2_config_naming_code_is_refused_and_runs_nothing(tmp_path, monkeypatch, where):
     """A config.json that names a callable (Hydra's ``_target_``) and asks for remote code
     (``auto_map``) beside a module that would create the marker: refused by its keys."""
-    marker = tmp_path / "ran"
-    directory, checkpoint = moirai2_checkpoint(tmp_path, monkeypatch, where, marker)
+    case, marker = PUBLISHED["moirai2"], tmp_path / "ran"
+    checkpoint, directory = published_checkpoint(case, tmp_path, monkeypatch, marker, where)
     config = json.loads((directory / "config.json").read_text())
     config["_target_"] = f"{touch_marker.__module__}.{touch_marker.__name__}"
     config["auto_map"] = {"AutoModel": "modeling_handed.Handed"}
@@ -584,16 +589,7 @@ def test_moirai2_config_naming_code_is_refused_and_runs_nothing(tmp_path, monkey
         f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
     )
     with pytest.raises(CheckpointError, match=r"unexpected keys \['_target_', 'auto_map'\]"):
-        build_moirai2(tmp_path, checkpoint)
-    assert not marker.exists()
-
-
-def test_moirai2_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
-    marker = tmp_path / "ran"
-    directory = moirai2_directory(tmp_path / "handed", marker)
-    (directory / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
-        build_moirai2(tmp_path, str(directory))
+        build_published(case, tmp_path, checkpoint)
     assert not marker.exists()
 
 
@@ -876,143 +872,3 @@ def test_tirex_export_whose_weights_file_is_a_pickle_is_refused_and_runs_nothing
     (directory / "model.safetensors").write_bytes(payload(marker))
     with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
         build_tirex(tmp_path, str(directory))
-
-
-# -- Toto: model.safetensors beside its config.json, from a directory or the hub ---------------
-
-TOTO_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "toto"
-TOTO_HUB_ID = "Datadog/Toto-Open-Base-1.0"
-
-
-def toto_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
-    """The parity fixture's checkpoint (the published layout: the package's config.json and
-    tensor names), with a pickled ``pytorch_model.bin`` payload beside it."""
-    directory.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(TOTO_FIXTURE / name, directory / name)
-    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
-    return directory
-
-
-def toto_checkpoint(
-    tmp_path, monkeypatch, marker: pathlib.Path, where: str
-) -> tuple[str, pathlib.Path]:
-    """``model.checkpoint`` and the folder it reads, for a local directory or the hub id's
-    cached snapshot."""
-    if where == "hub":
-        return TOTO_HUB_ID, toto_directory(hub_cache(tmp_path, monkeypatch, TOTO_HUB_ID), marker)
-    directory = toto_directory(tmp_path / "handed", marker)
-    return str(directory), directory
-
-
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_toto_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
-    """The published layout loads, from a directory or the hub id's cached snapshot, reading
-    only model.safetensors and config.json: the pickle beside them never runs."""
-    marker = tmp_path / "ran"
-    checkpoint, _ = toto_checkpoint(tmp_path, monkeypatch, marker, where)
-    model = build(tmp_path, "toto", checkpoint)
-    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
-    assert not marker.exists()
-    published = load_file(TOTO_FIXTURE / "model.safetensors")
-    loaded = model.network.state_dict()
-    assert loaded["blocks.1.time.mlp.2.weight"].equal(
-        published["model.transformer.layers.3.mlp.2.weight"]
-    )
-    assert len(loaded) == len(published)
-
-
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_toto_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
-    tmp_path, monkeypatch, where
-):
-    marker = tmp_path / "ran"
-    checkpoint, directory = toto_checkpoint(tmp_path, monkeypatch, marker, where)
-    (directory / "model.safetensors").write_bytes(payload(marker))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
-        build(tmp_path, "toto", checkpoint)
-    assert not marker.exists()
-
-
-def test_toto_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
-    marker = tmp_path / "ran"
-    directory = toto_directory(tmp_path / "handed", marker)
-    (directory / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
-        build(tmp_path, "toto", str(directory))
-    assert not marker.exists()
-
-
-# -- Sundial: model.safetensors beside its config.json (whose auto_map names remote code) -------
-
-SUNDIAL_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "sundial"
-SUNDIAL_HUB_ID = "thuml/sundial-base-128m"
-
-
-def sundial_directory(directory: pathlib.Path, marker: pathlib.Path) -> pathlib.Path:
-    """The parity fixture's checkpoint (the published layout: config.json naming the remote
-    code in ``auto_map``, the official tensor names), with the remote code's files beside it
-    as payloads that create ``marker`` if imported, and a pickled ``pytorch_model.bin`` that
-    creates it if unpickled."""
-    directory.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy(SUNDIAL_FIXTURE / name, directory / name)
-    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
-    for name in ("configuration_sundial.py", "modeling_sundial.py"):
-        (directory / name).write_text(code)
-    torch.save({"weight": TouchOnLoad(marker)}, directory / "pytorch_model.bin")
-    return directory
-
-
-def sundial_checkpoint(
-    tmp_path, monkeypatch, marker: pathlib.Path, where: str
-) -> tuple[str, pathlib.Path]:
-    """``model.checkpoint`` and the folder it reads, for a local directory or the hub id's
-    cached snapshot."""
-    if where == "hub":
-        cache = hub_cache(tmp_path, monkeypatch, SUNDIAL_HUB_ID)
-        return SUNDIAL_HUB_ID, sundial_directory(cache, marker)
-    directory = sundial_directory(tmp_path / "handed", marker)
-    return str(directory), directory
-
-
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_sundial_weights_load_as_data_from_a_directory_and_the_hub(tmp_path, monkeypatch, where):
-    """The published layout loads, from a directory or the hub id's cached snapshot, reading
-    only model.safetensors and config.json: neither the remote code its ``auto_map`` names nor
-    the pickle beside them runs."""
-    marker = tmp_path / "ran"
-    checkpoint, _ = sundial_checkpoint(tmp_path, monkeypatch, marker, where)
-    model = build(tmp_path, "sundial", checkpoint)
-    assert model.resolved_checkpoint.kind == ("hub" if where == "hub" else "path")
-    assert not marker.exists()
-    published = load_file(SUNDIAL_FIXTURE / "model.safetensors")
-    loaded = model.network.state_dict()
-    assert loaded["layers.2.self_attn.q_proj.weight"].equal(
-        published["model.layers.2.self_attn.q_proj.weight"]
-    )
-    assert loaded["head.net.final_layer.linear.weight"].equal(
-        published["flow_loss.net.final_layer.linear.weight"]
-    )
-    assert len(loaded) == len(published)
-
-
-@pytest.mark.parametrize("where", ["directory", "hub"])
-def test_sundial_weights_file_holding_a_pickle_is_refused_and_runs_nothing(
-    tmp_path, monkeypatch, where
-):
-    marker = tmp_path / "ran"
-    checkpoint, directory = sundial_checkpoint(tmp_path, monkeypatch, marker, where)
-    (directory / "model.safetensors").write_bytes(payload(marker))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors .*cannot be read"):
-        build(tmp_path, "sundial", checkpoint)
-    assert not marker.exists()
-
-
-def test_sundial_directory_with_pickled_weights_only_is_refused_and_runs_nothing(tmp_path):
-    marker = tmp_path / "ran"
-    directory = sundial_directory(tmp_path / "handed", marker)
-    (directory / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"holds no model\.safetensors"):
-        build(tmp_path, "sundial", str(directory))
-    assert not marker.exists()
