@@ -28,6 +28,7 @@ from isoprobe.probing.window_means import WindowMeansError, read_window_means
 from isoprobe.tasks.resume import read_checkpoint
 from isoprobe.tasks.runner import build_model
 from tests.conftest import TINY_MODEL, compose_config
+from tests.models.published import built_model
 
 #: configs/model name -> the bundled folder whose config.json a payload directory copies
 TRANSFORMERS_MODELS = {
@@ -525,11 +526,7 @@ def published_checkpoint(
 
 
 def build_published(case: Published, tmp_path, checkpoint: str):
-    cfg = compose_config(
-        tmp_path, [f"model={case.model}", *case.settings, f"model.checkpoint={checkpoint}"]
-    )
-    windows = SimpleNamespace(context_length=24, prediction_length=8, season_length=1, freq="h")
-    return build_model(cfg.model, windows)
+    return built_model(tmp_path, case.model, checkpoint, 24, 8, case.settings)
 
 
 @pytest.mark.parametrize("where", ["directory", "hub"])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,9 +29,8 @@ from isoprobe.models.moirai2.config import official_config, parameter_count, sha
 from isoprobe.models.moirai2.module import pack, standardisation
 from isoprobe.models.moirai2.network import Moirai2Network
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
-from tests.models.checkpoint_dirs import copied_checkpoint
+from tests.models.published import built_model, copied_checkpoint, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "moirai2"
 #: Salesforce/moirai-2.0-R-small's config.json (its comment names the sources) and the
@@ -48,11 +46,7 @@ def official() -> dict[str, np.ndarray]:
 
 
 def build(tmp_path, checkpoint: str, context: int, horizon: int, *overrides: str):
-    cfg = compose_config(tmp_path, ["model=moirai2", f"model.checkpoint={checkpoint}", *overrides])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "moirai2", checkpoint, context, horizon, overrides)
 
 
 def fixture_model(tmp_path, horizon: int | None = None):
@@ -68,14 +62,6 @@ def fixture_model(tmp_path, horizon: int | None = None):
         "scale": torch.ones(len(context)),
     }
     return model, batch, expected
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the docs' parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
-    print(f"parity {name}: {difference:.1e}")
-    return difference
 
 
 def test_every_layer_and_the_head_match_the_official_code(tmp_path):

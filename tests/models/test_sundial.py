@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,9 +28,7 @@ from isoprobe.models.sundial.config import parameter_count
 from isoprobe.models.sundial.module import context_statistics
 from isoprobe.models.sundial.network import time_features
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
-from tests.conftest import compose_config
-from tests.models.checkpoint_dirs import copied_checkpoint
+from tests.models.published import built_model, copied_checkpoint, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sundial"
 LAYERS, LOSS, SAMPLES = 1e-6, 1e-6, 1e-5
@@ -44,11 +41,7 @@ def official() -> dict[str, np.ndarray]:
 
 
 def build(tmp_path, checkpoint: str, *overrides: str, context=CONTEXT, horizon=HORIZON):
-    cfg = compose_config(tmp_path, ["model=sundial", f"model.checkpoint={checkpoint}", *overrides])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "sundial", checkpoint, context, horizon, overrides)
 
 
 def fixture_batch() -> dict[str, torch.Tensor]:
@@ -60,14 +53,6 @@ def fixture_batch() -> dict[str, torch.Tensor]:
         "loc": torch.zeros(3),
         "scale": torch.ones(3),
     }
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
-    print(f"parity {name}: {difference:.1e}")
-    return difference
 
 
 def test_every_layer_matches_the_official_code(tmp_path):

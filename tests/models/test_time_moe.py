@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,9 +18,7 @@ from isoprobe.models.time_moe.config import shape_from_fields
 from isoprobe.models.time_moe.module import head_for, normalisation, positions_of, shifted_windows
 from isoprobe.models.time_moe.network import SparseExperts, balance_loss
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
-from tests.conftest import compose_config
-from tests.models.checkpoint_dirs import copied_checkpoint
+from tests.models.published import built_model, copied_checkpoint, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "time_moe"
 #: float32 against float32 on the same (bfloat16-exact) weights: only summation order differs
@@ -34,11 +31,7 @@ def official() -> dict[str, np.ndarray]:
 
 
 def build(tmp_path, checkpoint: str, context: int, horizon: int, *overrides: str):
-    cfg = compose_config(tmp_path, ["model=time_moe", f"model.checkpoint={checkpoint}", *overrides])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "time_moe", checkpoint, context, horizon, overrides)
 
 
 def fixture_model(tmp_path):
@@ -52,14 +45,6 @@ def fixture_model(tmp_path):
         "scale": torch.ones(len(context)),
     }
     return model, batch, expected
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the README's parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
-    print(f"parity {name}: {difference:.1e}")
-    return difference
 
 
 def test_the_fixture_is_the_published_layout():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,9 +32,7 @@ from isoprobe.models.timesfm25.network import (
     running_statistics,
 )
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
-from tests.conftest import compose_config
-from tests.models.checkpoint_dirs import copied_checkpoint
+from tests.models.published import built_model, copied_checkpoint, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "timesfm25"
 LAYERS, HEADS, FORECAST = 1e-5, 1e-5, 1e-4
@@ -53,13 +50,7 @@ def official() -> dict[str, np.ndarray]:
 
 
 def build(tmp_path, checkpoint: str, context: int, horizon: int, *overrides: str):
-    cfg = compose_config(
-        tmp_path, ["model=timesfm25", f"model.checkpoint={checkpoint}", *overrides]
-    )
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "timesfm25", checkpoint, context, horizon, overrides)
 
 
 def fixture_model(tmp_path, *overrides: str):
@@ -74,14 +65,6 @@ def fixture_model(tmp_path, *overrides: str):
         "scale": torch.ones(len(context)),
     }
     return model, batch, expected
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the docs' parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
-    print(f"parity {name}: {difference:.1e}")
-    return difference
 
 
 def test_every_layer_matches_the_official_code(tmp_path):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,8 +27,7 @@ from isoprobe.models.checkpoints import CheckpointError
 from isoprobe.models.tirex.module import standardisation
 from isoprobe.models.tirex.network import isoprobe_name
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
-from tests.conftest import compose_config
+from tests.models.published import built_model, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "tirex" / "fixture.npz"
 LAYERS, FORECAST = 1e-5, 1e-4
@@ -92,11 +90,7 @@ def published_file(path: Path, **extra) -> Path:
 
 
 def build(tmp_path, checkpoint: str, context: int, horizon: int):
-    cfg = compose_config(tmp_path, ["model=tirex", f"model.checkpoint={checkpoint}"])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "tirex", checkpoint, context, horizon)
 
 
 def fixture_model(tmp_path):
@@ -111,14 +105,6 @@ def fixture_model(tmp_path):
         "scale": torch.ones(len(context)),
     }
     return model, batch, expected
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the docs' parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got - torch.from_numpy(expected)).abs().max())
-    print(f"official parity {name}: {difference:.2g}")
-    return difference
 
 
 def test_every_layer_matches_the_official_code(tmp_path):

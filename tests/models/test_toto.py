@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -46,9 +45,8 @@ from isoprobe.models.toto.network import (
     causal_patch_statistics,
 )
 from isoprobe.probing.capture import capture_outputs
-from isoprobe.tasks.runner import build_model
 from tests.conftest import compose_config
-from tests.models.checkpoint_dirs import copied_checkpoint
+from tests.models.published import built_model, copied_checkpoint, largest_difference
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "toto"
 #: the same kind of model with its space-wise layers last in their groups
@@ -68,11 +66,7 @@ def official(where: Path = FIXTURE) -> dict[str, np.ndarray]:
 
 
 def build(tmp_path, checkpoint: str, context: int = 24, horizon: int = 8, *overrides: str):
-    cfg = compose_config(tmp_path, ["model=toto", f"model.checkpoint={checkpoint}", *overrides])
-    windows = SimpleNamespace(
-        context_length=context, prediction_length=horizon, season_length=1, freq="h"
-    )
-    return build_model(cfg.model, windows).eval()
+    return built_model(tmp_path, "toto", checkpoint, context, horizon, overrides)
 
 
 def fixture_model(tmp_path, *overrides: str, where: Path = FIXTURE):
@@ -87,14 +81,6 @@ def fixture_model(tmp_path, *overrides: str, where: Path = FIXTURE):
         "scale": torch.ones(3),
     }
     return model, batch, expected
-
-
-def largest_difference(got: torch.Tensor, expected: np.ndarray, name: str) -> float:
-    """max |isoprobe - official|, printed (``pytest -s`` shows the docs' parity figures)."""
-    assert tuple(got.shape) == expected.shape, name
-    difference = float((got.double() - torch.from_numpy(expected).double()).abs().max())
-    print(f"parity {name}: {difference:.1e}")
-    return difference
 
 
 @pytest.mark.parametrize("where", [FIXTURE, SPACEWISE_LAST], ids=["first", "last"])
