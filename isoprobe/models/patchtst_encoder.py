@@ -58,6 +58,7 @@ from transformers.models.patchtst.modeling_patchtst import (
     PatchTSTEncoder,
 )
 
+from isoprobe.models.patchtst_inference import evaluation_affine
 from isoprobe.models.t5_stack import watched_or_training
 
 
@@ -153,7 +154,7 @@ class _FoldedLayer:
 
     def __init__(self, layer: nn.Module) -> None:
         attention = layer.self_attn
-        scale, shift = _affine(layer.norm_sublayer1)
+        scale, shift = evaluation_affine(layer.norm_sublayer1)
         weight = torch.cat(
             [
                 attention.q_proj.weight * attention.scaling,
@@ -168,7 +169,7 @@ class _FoldedLayer:
         self.out_weight = attention.out_proj.weight.t()
         self.out_bias = attention.out_proj.bias
         first, _, _, second = layer.ff
-        scale, shift = _affine(layer.norm_sublayer3)
+        scale, shift = evaluation_affine(layer.norm_sublayer3)
         self.ff_weight = (first.weight * scale).t().contiguous()
         self.ff_bias = first.weight @ shift + first.bias
         self.ff_out_weight = second.weight.t()
@@ -251,16 +252,6 @@ def _lean_structure(encoder: PatchTSTEncoder) -> bool:
             if not statistics.track_running_stats or statistics.running_mean is None:
                 return False
     return True
-
-
-def _affine(norm: PatchTSTBatchNorm) -> tuple[Tensor, Tensor]:
-    """The scale and shift of a batch norm's evaluation map ``s ⊙ h + t``."""
-    statistics = norm.batchnorm
-    scale = torch.rsqrt(statistics.running_var + statistics.eps)
-    shift = -statistics.running_mean * scale
-    if statistics.affine:
-        scale, shift = scale * statistics.weight, shift * statistics.weight + statistics.bias
-    return scale, shift
 
 
 def _sources(encoder: PatchTSTEncoder) -> list[Tensor]:

@@ -33,11 +33,19 @@ class RunningStatisticsBatchNorm(PatchTSTBatchNorm):
         norm = self.batchnorm
         if self.training or not norm.track_running_stats or norm.running_mean is None:
             return super().forward(inputs)
-        scale = torch.rsqrt(norm.running_var + norm.eps)
-        shift = -norm.running_mean * scale
-        if norm.affine:
-            scale, shift = scale * norm.weight, shift * norm.weight + norm.bias
+        scale, shift = evaluation_affine(self)
         return torch.addcmul(shift, inputs, scale)
+
+
+def evaluation_affine(norm: PatchTSTBatchNorm) -> tuple[Tensor, Tensor]:
+    """The scale ``s`` and shift ``t`` of a batch norm's evaluation map ``s ⊙ x + t`` from its
+    running statistics (module docstring)."""
+    statistics = norm.batchnorm
+    scale = torch.rsqrt(statistics.running_var + statistics.eps)
+    shift = -statistics.running_mean * scale
+    if statistics.affine:
+        scale, shift = scale * statistics.weight, shift * statistics.weight + statistics.bias
+    return scale, shift
 
 
 def use_inference_kernels(model: nn.Module) -> None:
