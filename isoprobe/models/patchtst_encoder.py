@@ -59,7 +59,7 @@ from transformers.models.patchtst.modeling_patchtst import (
 )
 
 from isoprobe.models.patchtst_inference import evaluation_affine
-from isoprobe.models.t5_stack import watched_or_training
+from isoprobe.models.watched import watched_or_training
 
 
 class LeanPatchTSTEncoder(PatchTSTEncoder):

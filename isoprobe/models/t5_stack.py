@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.nn.modules import module as torch_module
 from transformers.integrations.sdpa_attention import create_position_bias_mask
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
@@ -30,6 +29,7 @@ from transformers.models.t5.modeling_t5 import (
 from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
 from isoprobe.models.t5_attention import OnePositionSelfAttention
+from isoprobe.models.watched import watched_or_training
 
 #: the keywords the lean forward reads; any other runs the official forward
 LEAN_KEYWORDS = frozenset(
@@ -184,34 +184,6 @@ class LeanT5Stack(T5Stack):
             hidden = hidden + _attend(attention, query, key, value, scores_mask)
             hidden = _feed_forward(feed_forward, hidden)
         return hidden
-
-
-def watched_or_training(stack: nn.Module) -> bool:
-    """Whether a submodule of the stack trains (its dropout, an adapter's) or a hook would see
-    its call (the stack's own hooks run around its forward either way), or a global module hook
-    any call."""
-    if (
-        torch_module._global_forward_hooks
-        or torch_module._global_forward_pre_hooks
-        or torch_module._global_backward_hooks
-        or torch_module._global_backward_pre_hooks
-    ):
-        return True
-    pending = list(stack._modules.values())
-    while pending:
-        module = pending.pop()
-        if module is None:
-            continue
-        if (
-            module.training
-            or module._forward_hooks
-            or module._forward_pre_hooks
-            or module._backward_hooks
-            or module._backward_pre_hooks
-        ):
-            return True
-        pending.extend(module._modules.values())
-    return False
 
 
 def _norm(norm: T5LayerNorm, hidden: Tensor) -> Tensor:
